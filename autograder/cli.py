@@ -1,0 +1,64 @@
+"""Command line: ``python -m autograder {generate,grade,check}``."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from .settings import DEFAULT_TIMEOUT, DEVICE_ENV, TIMEOUT_ENV, GradingSettings, repo_root
+
+
+def _settings(args) -> GradingSettings:
+    return GradingSettings.from_env(device=args.device, cell_timeout=args.timeout)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m autograder", description=__doc__)
+    parser.add_argument("--root", type=Path, help="course repository (default: found from here)")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    sub.add_parser("generate", help="regenerate exercises/ from solutions/")
+
+    grade = sub.add_parser("grade", help="grade <dir>/<student>/<assignment>/<notebook>.ipynb")
+    grade.add_argument("submissions", type=Path)
+    grade.add_argument("--out", type=Path, required=True, help="where grades.csv and feedback go")
+
+    check = sub.add_parser("check", help="self-check one notebook against its visible tests")
+    check.add_argument("notebook", type=Path)
+
+    for p in (grade, check):
+        p.add_argument("--device", help=f"cpu, cuda or auto (default: ${DEVICE_ENV} or cpu)")
+        p.add_argument("--timeout", type=int,
+                       help=f"seconds per cell (default: ${TIMEOUT_ENV} or {DEFAULT_TIMEOUT})")
+        p.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+    args = parser.parse_args(argv)
+    try:
+        if args.command == "generate":
+            from .generate import generate_exercises
+
+            root = repo_root(args.root)
+            names = generate_exercises(root / "solutions", root / "exercises")
+            print(f"generated exercises/ for: {', '.join(names)}")
+            return 0
+        if args.command == "grade":
+            from .grade import grade_folder
+
+            root = repo_root(args.root)
+            rows = grade_folder(args.submissions, args.out, root / "solutions", _settings(args),
+                                show_progress=not args.no_progress)
+            total = sum(r.score for r in rows)
+            print(f"graded {len(rows)} submission(s), {total:g} points in all; "
+                  f"wrote {args.out / 'grades.csv'} and {args.out / 'feedback'}/")
+            return 0
+        if args.command == "check":
+            from .selfcheck import format_report, run_visible_tests
+
+            results = run_visible_tests(args.notebook, _settings(args))
+            print(format_report(results))
+            return 0 if results and all(r.passed for r in results) else 1
+    except (FileNotFoundError, ValueError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    return 2

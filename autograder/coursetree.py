@@ -1,0 +1,92 @@
+"""An nbgrader course folder built from the repository's ``solutions/``.
+
+nbgrader wants ``source/``, ``release/``, ``submitted/``, ``autograded/``, ``feedback/`` and a
+gradebook under one root. We build that tree fresh for each command, so that what is graded
+is always what ``solutions/`` says now.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import warnings
+from pathlib import Path
+
+from nbgrader.apps import NbGraderAPI
+from nbgrader.coursedir import CourseDirectory
+from nbgrader.preprocessors import (AssignLatePenalties, CheckCellMetadata, GetGrades,
+                                    IgnorePattern, LimitOutput, SaveAutoGrades)
+from nbconvert.preprocessors import ClearMetadataPreprocessor, CSSHTMLHeaderPreprocessor
+from traitlets.config import Config
+
+from .preprocessors import HideHiddenTests, StderrIsNotFailure, SurvivingExecute
+from .settings import COURSE_ID, GradingSettings
+
+# nbgrader's gradebook code trips SQLAlchemy 2 autoflush warnings that say nothing to a user.
+warnings.filterwarnings("ignore", message=r".*not in session.*")
+
+STUB = "# YOUR CODE HERE\nraise NotImplementedError()"
+
+
+class NbGraderError(RuntimeError):
+    """nbgrader reported a failure; the message carries its log."""
+
+
+def nbgrader_config(root: Path, settings: GradingSettings) -> Config:
+    c = Config()
+    c.CourseDirectory.root = str(root)
+    c.CourseDirectory.course_id = COURSE_ID
+    c.ClearSolutions.code_stub = {"python": STUB}
+    c.Execute.timeout = settings.cell_timeout
+    c.OverwriteCells.add_missing_cells = True
+    c.Autograde.autograde_preprocessors = [
+        SurvivingExecute, StderrIsNotFailure, IgnorePattern, ClearMetadataPreprocessor,
+        LimitOutput, SaveAutoGrades, AssignLatePenalties, CheckCellMetadata,
+    ]
+    c.GenerateFeedback.preprocessors = [HideHiddenTests, GetGrades, CSSHTMLHeaderPreprocessor]
+    return c
+
+
+class CourseTree:
+    """One nbgrader course folder at ``root``, with the assignments of ``solutions_dir``."""
+
+    def __init__(self, root: Path, solutions_dir: Path, settings: GradingSettings):
+        self.root = Path(root)
+        self.solutions_dir = Path(solutions_dir)
+        self.settings = settings
+        settings.apply_to_environment()
+        config = nbgrader_config(self.root, settings)
+        self.api = NbGraderAPI(coursedir=CourseDirectory(config=config), config=config)
+        # nbgrader logs every copied file at INFO; keep our own output readable.
+        self.api.log.setLevel(logging.WARNING)
+
+    @property
+    def db_url(self) -> str:
+        return self.api.coursedir.db_url
+
+    def assignments(self) -> list[str]:
+        return sorted(p.name for p in self.solutions_dir.iterdir()
+                      if p.is_dir() and any(p.glob("*.ipynb")))
+
+    def notebooks(self, assignment: str) -> list[str]:
+        """Notebook names (without ``.ipynb``) of one assignment."""
+        return sorted(p.stem for p in (self.solutions_dir / assignment).glob("*.ipynb"))
+
+    def release_path(self, assignment: str, notebook: str) -> Path:
+        return self.root / "release" / assignment / f"{notebook}.ipynb"
+
+    def generate(self, assignment: str) -> Path:
+        """Copy the solution into ``source/`` and run nbgrader's generate_assignment."""
+        source = self.root / "source" / assignment
+        if source.exists():
+            shutil.rmtree(source)
+        shutil.copytree(self.solutions_dir / assignment, source,
+                        ignore=shutil.ignore_patterns(".ipynb_checkpoints", "__pycache__"))
+        self._check(self.api.generate_assignment(assignment, force=True, create=True),
+                    f"generate_assignment {assignment}")
+        return self.root / "release" / assignment
+
+    @staticmethod
+    def _check(result: dict, what: str) -> None:
+        if not result.get("success"):
+            raise NbGraderError(f"nbgrader {what} failed:\n{result.get('error') or result.get('log')}")

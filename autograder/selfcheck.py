@@ -1,0 +1,56 @@
+"""Self-check: run one exercise notebook in a fresh kernel and report its visible tests.
+
+This is what a student runs before submitting. It executes a copy (the notebook on disk is
+not changed), so it also catches code that only worked because of cells run out of order.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import nbformat
+from nbclient import NotebookClient
+
+from .settings import GradingSettings
+
+
+@dataclass
+class CellResult:
+    grade_id: str
+    points: float
+    passed: bool
+    message: str
+
+
+def run_visible_tests(path: Path, settings: GradingSettings) -> list[CellResult]:
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"No notebook at {path}")
+    settings.apply_to_environment()
+    nb = nbformat.read(path, as_version=4)
+    client = NotebookClient(nb, timeout=settings.cell_timeout, allow_errors=True,
+                            kernel_name="python3", resources={"metadata": {"path": str(path.parent)}})
+    client.execute()
+    results = []
+    for cell in nb.cells:
+        meta = cell.get("metadata", {}).get("nbgrader", {})
+        if cell.cell_type != "code" or not meta.get("grade") or meta.get("solution"):
+            continue
+        errors = [o for o in cell.outputs if o.output_type == "error"]
+        message = f"{errors[0].ename}: {errors[0].evalue}" if errors else ""
+        results.append(CellResult(meta.get("grade_id", "?"), float(meta.get("points", 0)),
+                                  not errors, message))
+    return results
+
+
+def format_report(results: list[CellResult]) -> str:
+    lines = [f"{'test cell':<32} {'points':>6}  result"]
+    for r in results:
+        verdict = "passed" if r.passed else "FAILED  " + r.message.splitlines()[0][:200]
+        lines.append(f"{r.grade_id:<32} {r.points:>6g}  {verdict}")
+    earned = sum(r.points for r in results if r.passed)
+    total = sum(r.points for r in results)
+    lines.append(f"visible tests: {earned:g} / {total:g} points "
+                 "(hidden tests are run by the autograder on fresh inputs)")
+    return "\n".join(lines)

@@ -1,0 +1,62 @@
+"""Where things are and how grading runs: repository paths, device, time limits."""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+DEVICE_ENV = "COURSE_DEVICE"          # read by course.device inside the kernel
+TIMEOUT_ENV = "COURSE_CELL_TIMEOUT"   # seconds per cell
+DEFAULT_TIMEOUT = 300
+COURSE_ID = "transformers-by-building"
+
+
+def repo_root(start: Path | None = None) -> Path:
+    """The course repository: the folder holding ``_config.yml`` and ``solutions/``."""
+    candidates = [start] if start else [Path.cwd(), Path(__file__).resolve().parents[1]]
+    for base in candidates:
+        for folder in [base, *base.parents]:
+            if (folder / "_config.yml").is_file() and (folder / "solutions").is_dir():
+                return folder
+    raise FileNotFoundError(
+        "Cannot find the course repository (a folder with _config.yml and solutions/). "
+        "Run from inside it or pass --root."
+    )
+
+
+@dataclass(frozen=True)
+class GradingSettings:
+    """What reaches the kernel: the device name and the per-cell time limit in seconds."""
+
+    device: str = "cpu"
+    cell_timeout: int = DEFAULT_TIMEOUT
+
+    @classmethod
+    def from_env(cls, device: str | None = None, cell_timeout: int | None = None) -> "GradingSettings":
+        """CLI values win; then the environment; then the defaults (CPU, 300 s)."""
+        device = device or os.environ.get(DEVICE_ENV) or "cpu"
+        if device not in ("cpu", "auto") and not device.startswith("cuda"):
+            raise ValueError(f"device must be cpu, cuda, cuda:N or auto, not {device!r}")
+        if cell_timeout is None:
+            raw = os.environ.get(TIMEOUT_ENV, str(DEFAULT_TIMEOUT))
+            try:
+                cell_timeout = int(raw)
+            except ValueError:
+                raise ValueError(f"{TIMEOUT_ENV}={raw!r} is not a whole number of seconds") from None
+        if cell_timeout <= 0:
+            raise ValueError(f"the cell time limit must be positive, not {cell_timeout}")
+        return cls(device=device, cell_timeout=cell_timeout)
+
+    def apply_to_environment(self) -> None:
+        """Kernels inherit this process's environment: put the settings there.
+
+        The ``python3`` kernelspec runs ``python`` from PATH, so this environment's
+        ``bin`` goes first (nbgrader's alembic call needs it too).
+        """
+        os.environ[DEVICE_ENV] = self.device
+        os.environ[TIMEOUT_ENV] = str(self.cell_timeout)
+        bindir = str(Path(sys.executable).parent)
+        if os.environ.get("PATH", "").split(os.pathsep)[0] != bindir:
+            os.environ["PATH"] = bindir + os.pathsep + os.environ.get("PATH", "")

@@ -1,0 +1,84 @@
+"""Small tools shared by the chapter checks: failures that teach, tolerances, shortcuts."""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Callable, Iterator
+
+import torch
+
+
+class CheckFailed(AssertionError):
+    """A check failed; the message says what was expected and the likely mistake."""
+
+
+class ShortcutUsed(CheckFailed):
+    """The answer called a built-in that the exercise asks you to write yourself."""
+
+
+def fail(what: str, hint: str) -> None:
+    raise CheckFailed(f"{what}\nLikely mistake: {hint}")
+
+
+def expect(condition: bool, what: str, hint: str) -> None:
+    if not condition:
+        fail(what, hint)
+
+
+def call(fn: Callable, *args: Any, name: str | None = None, **kwargs: Any) -> Any:
+    """Call the student's function; a stub's NotImplementedError passes through unchanged."""
+    try:
+        return fn(*args, **kwargs)
+    except (NotImplementedError, CheckFailed):
+        raise
+    except Exception as err:
+        label = name or getattr(fn, "__name__", "your code")
+        raise CheckFailed(f"{label} raised {type(err).__name__}: {err}\n"
+                          f"Likely mistake: read the traceback above this message; "
+                          f"the inputs were valid for the signature in the exercise.") from err
+
+
+def expect_tensor(value: Any, shape: tuple[int, ...], what: str) -> torch.Tensor:
+    expect(isinstance(value, torch.Tensor), f"{what} should be a torch.Tensor, got {type(value).__name__}.",
+           "return a tensor, not a list or a NumPy array.")
+    expect(tuple(value.shape) == tuple(shape), f"{what} has shape {tuple(value.shape)}, expected {tuple(shape)}.",
+           "check each reshape/view against the shapes in the docstring.")
+    return value
+
+
+def expect_close(actual: torch.Tensor, expected: torch.Tensor, what: str, hint: str,
+                 atol: float = 1e-5, rtol: float = 1e-5) -> None:
+    """Elementwise closeness with float32 tolerances; the message shows the worst entry."""
+    actual = actual.detach().to(expected.dtype)
+    if actual.shape != expected.shape:
+        fail(f"{what} has shape {tuple(actual.shape)}, expected {tuple(expected.shape)}.", hint)
+    if not torch.allclose(actual, expected, atol=atol, rtol=rtol):
+        diff = (actual - expected).abs()
+        worst = int(diff.argmax())
+        fail(f"{what} differs from the expected values: largest difference {diff.max().item():.3g} "
+             f"(got {actual.flatten()[worst].item():.6g}, expected {expected.flatten()[worst].item():.6g}).", hint)
+
+
+@contextlib.contextmanager
+def forbid(*targets: tuple[Any, str], exercise: str) -> Iterator[None]:
+    """Within the block, calling any ``(module, attribute)`` in targets raises ShortcutUsed."""
+    saved = []
+    for owner, attr in targets:
+        original = getattr(owner, attr)
+
+        def blocked(*args: Any, __name=f"{getattr(owner, '__name__', owner)}.{attr}", **kwargs: Any):
+            raise ShortcutUsed(f"{__name} was called, but this exercise asks you to write {exercise} yourself.\n"
+                               f"Likely mistake: using the built-in instead of implementing it; "
+                               f"it is the oracle the tests compare against.")
+
+        saved.append((owner, attr, original))
+        setattr(owner, attr, blocked)
+    try:
+        yield
+    finally:
+        for owner, attr, original in saved:
+            setattr(owner, attr, original)
+
+
+def generator(seed: int) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)

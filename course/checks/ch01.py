@@ -1,0 +1,402 @@
+"""Checks for chapter 1: byte-pair encoding, embeddings, tying, counting, patches.
+
+Oracles: ``collections.Counter`` and ``str.replace`` for the BPE helpers, a step-by-step
+verifier for training (each merge must be the most frequent pair at its step), UTF-8 round
+trips, ``torch.nn.functional.one_hot`` for the lookup, ``F.unfold`` and ``nn.Conv2d`` for
+patches, and hand-derived counts.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections import Counter
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from ._core import call, expect, expect_close, expect_tensor, fail, forbid, generator
+
+Pair = tuple[int, int]
+
+# ----------------------------------------------------------------------------- oracles
+
+def _pair_counts_oracle(ids: list[int]) -> Counter:
+    return Counter(zip(ids, ids[1:]))
+
+
+def _merge_oracle(ids: list[int], pair: Pair, new_id: int) -> list[int]:
+    """Non-overlapping, left-to-right replacement, done by ``str.replace`` on code points."""
+    offset = 0x4E00  # map ids to printable code points so str.replace does the work
+    text = "".join(chr(offset + i) for i in ids)
+    out = text.replace(chr(offset + pair[0]) + chr(offset + pair[1]), chr(offset + new_id))
+    return [ord(c) - offset for c in out]
+
+
+def _random_text(rng: random.Random, n: int, alphabet: str) -> str:
+    return "".join(rng.choice(alphabet) for _ in range(n))
+
+
+SAMPLE = ("To be, or not to be, that is the question: whether 'tis nobler in the mind to suffer "
+          "the slings and arrows of outrageous fortune, or to take arms against a sea of troubles.")
+
+# ----------------------------------------------------------------------------- exercise 1
+
+def check_get_pair_counts(get_pair_counts, hidden: bool = False) -> None:
+    cases = [[1, 2, 1, 2, 1], [7, 7, 7, 7], [5], []]
+    if hidden:
+        rng = random.Random(101)
+        cases += [[rng.randrange(6) for _ in range(rng.randrange(2, 60))] for _ in range(20)]
+    for ids in cases:
+        got = call(get_pair_counts, list(ids))
+        expect(isinstance(got, dict), f"get_pair_counts should return a dict, got {type(got).__name__}.",
+               "build a dict (or Counter) mapping (a, b) tuples to counts.")
+        want = _pair_counts_oracle(ids)
+        if dict(got) != dict(want):
+            hint = "count every adjacent pair ids[i], ids[i+1] for i in range(len(ids) - 1)."
+            if ids == [7, 7, 7, 7] and dict(got).get((7, 7)) == 2:
+                hint = ("pairs may overlap when counting: [7, 7, 7, 7] holds the pair (7, 7) three "
+                        "times (positions 0, 1 and 2).")
+            fail(f"get_pair_counts({ids}) returned {dict(got)}, expected {dict(want)}.", hint)
+
+
+def check_merge_pair(merge_pair, hidden: bool = False) -> None:
+    cases = [([1, 2, 3, 1, 2], (1, 2), 9), ([1, 1, 1], (1, 1), 9), ([1, 1, 1, 1], (1, 1), 9),
+             ([3, 4], (4, 3), 9), ([], (1, 2), 9)]
+    if hidden:
+        rng = random.Random(202)
+        for _ in range(30):
+            ids = [rng.randrange(4) for _ in range(rng.randrange(0, 50))]
+            cases.append((ids, (rng.randrange(4), rng.randrange(4)), 256 + rng.randrange(100)))
+    for ids, pair, new_id in cases:
+        original = list(ids)
+        got = call(merge_pair, ids, pair, new_id)
+        expect(ids == original, "merge_pair changed the list it was given.",
+               "build and return a new list; do not edit ids in place.")
+        want = _merge_oracle(original, pair, new_id)
+        if list(got) != want:
+            hint = "scan left to right; when ids[i], ids[i+1] equals pair, emit new_id and skip both."
+            if original == [1, 1, 1] and list(got) == [9, 9]:
+                hint = ("occurrences must not overlap: in [1, 1, 1] the pair (1, 1) is merged once, giving "
+                        "[9, 1]; after a merge, jump past both tokens (i += 2).")
+            elif len(original) and list(got)[-1:] != want[-1:] and len(got) == len(want) - 1:
+                hint = "the last token was dropped: when the loop ends on a single leftover token, append it."
+            fail(f"merge_pair({original}, {pair}, {new_id}) returned {list(got)}, expected {want}.", hint)
+
+# ----------------------------------------------------------------------------- exercise 2
+
+def verify_merges(text: str, merges: dict, num_merges: int, label: str) -> list[int]:
+    """Replay training step by step; each merge must be the most frequent pair then.
+
+    Returns the token ids of ``text`` after all merges (what ``encode`` must reproduce).
+    """
+    expect(isinstance(merges, dict), f"{label} should return a dict, got {type(merges).__name__}.",
+           "return a dict mapping (a, b) pairs to new ids, in the order they were learned.")
+    ids = list(text.encode("utf-8"))
+    items = list(merges.items())
+    for step, (pair, new_id) in enumerate(items):
+        counts = _pair_counts_oracle(ids)
+        if not counts:
+            fail(f"{label}: merge {step} {pair} was learned after the text had a single token left.",
+                 "stop early when fewer than two tokens remain.")
+        expect(new_id == 256 + step,
+               f"{label}: merge {step} got id {new_id}, expected {256 + step}.",
+               "byte ids use 0..255, so the first new token is 256, then 257, ... (256 + step)."
+               if new_id == 255 + step or new_id == 257 + step else
+               "give merge number `step` the id 256 + step.")
+        best = max(counts.values())
+        # Ties go to the pair seen first when scanning left to right.
+        first_best = next(p for p in counts if counts[p] == best)
+        if tuple(pair) != first_best:
+            if counts.get(tuple(pair), 0) == best:
+                hint = ("ties must go to the pair seen first, scanning left to right "
+                        "(max(counts, key=counts.get) on an insertion-ordered dict does this).")
+            else:
+                hint = ("each step must merge the currently most frequent pair; did you count pairs once on "
+                        "the raw bytes instead of recounting after every merge?")
+            fail(f"{label}: merge {step} was {tuple(pair)} (seen {counts.get(tuple(pair), 0)} times), but "
+                 f"{first_best} was the most frequent pair ({best} times).", hint)
+        ids = _merge_oracle(ids, tuple(pair), new_id)
+    expect(len(items) <= num_merges, f"{label} learned {len(items)} merges, more than num_merges={num_merges}.",
+           "run at most num_merges steps: for step in range(num_merges).")
+    expect(len(items) == num_merges or len(ids) < 2,
+           f"{label} stopped after {len(items)} merges, but {len(ids)} tokens were left and {num_merges} were asked for.",
+           "run exactly num_merges steps (fewer only when a single token is left).")
+    return ids
+
+
+def check_train_bpe(train_bpe, hidden: bool = False) -> None:
+    cases = [("aaabdaaabac", 3), (SAMPLE, 20), ("ab", 5)]
+    if hidden:
+        rng = random.Random(303)
+        cases += [(_random_text(rng, rng.randrange(50, 400), "ab c\né✓"), rng.randrange(5, 40))
+                  for _ in range(6)]
+    for text, n in cases:
+        merges = call(train_bpe, text, n)
+        verify_merges(text, merges, n, f"train_bpe({text[:20]!r}..., {n})")
+
+# ----------------------------------------------------------------------------- exercise 3
+
+def check_encode_decode(encode, decode, train_bpe, hidden: bool = False) -> None:
+    texts = [SAMPLE, "héllo wörld ✓ — naïve café", "aaaa"]
+    special = {"<|endoftext|>": 1000}
+    if hidden:
+        rng = random.Random(404)
+        texts += [_random_text(rng, rng.randrange(1, 200), "ab c\néü✓—日本") for _ in range(10)]
+    for text in texts:
+        merges = call(train_bpe, text, 10)
+        ids = call(encode, text, merges)
+        expect(all(isinstance(i, int) for i in ids), "encode should return a list of Python ints.",
+               "convert with list(...) and int(...), not a tensor or bytes object.")
+        expected_ids = verify_merges(text, merges, 10, "train_bpe")
+        if list(ids) != expected_ids:
+            hint = "apply the merges in the order they were learned (lowest new id first), each over the whole sequence."
+            if len(ids) == len(text.encode("utf-8")):
+                hint = "encode returned raw bytes: it must apply the learned merges."
+            fail(f"encode of the training text did not reproduce the tokens training ended with "
+                 f"({len(ids)} tokens, expected {len(expected_ids)}).", hint)
+        back = call(decode, ids, merges)
+        if back != text:
+            hint = "expand each id to its bytes recursively (new id -> its pair), join, then decode UTF-8."
+            if "\ufffd" in back:
+                hint = ("decode must join the bytes of all tokens first and decode UTF-8 once: a character such "
+                        "as 'é' is two bytes, which can sit in two different tokens.")
+            fail(f"decode(encode(text)) != text for {text[:40]!r}: got {back[:40]!r}.", hint)
+    # Special tokens: matched whole, mapped to their id, never split by merges.
+    merges = call(train_bpe, SAMPLE, 30)
+    text = "to be<|endoftext|>or not"
+    ids = call(encode, text, merges, special)
+    expect(ids.count(1000) == 1, f"encode({text!r}, ..., special_tokens) gave {ids}: the id 1000 should appear once.",
+           "split the text on each special-token string first, map it to its id, and encode only the pieces between.")
+    expect(call(decode, ids, merges, special) == text, "decode did not restore a special token.",
+           "decode ids found in special_tokens to their strings (invert the dict).")
+    plain = call(encode, text, merges)
+    expect(1000 not in plain and call(decode, plain, merges) == text,
+           "without special_tokens, '<|endoftext|>' must be encoded as ordinary text.",
+           "only treat strings as special when special_tokens is given.")
+
+# ----------------------------------------------------------------------------- exercise 4
+
+def _no_embedding_shortcut(module: nn.Module, exercise: str) -> None:
+    for name, sub in module.named_modules():
+        if isinstance(sub, nn.Embedding):
+            fail(f"{exercise} contains an nn.Embedding ({name or 'the module itself'}).",
+                 "this exercise asks for a bare nn.Parameter and indexing; nn.Embedding is the oracle.")
+
+
+def _embedding_forward(module: nn.Module, ids: torch.Tensor, exercise: str) -> torch.Tensor:
+    with forbid((F, "embedding"), (torch, "embedding"), exercise=exercise):
+        return call(module, ids, name=f"{exercise}.forward")
+
+
+def check_embedding(Embedding, hidden: bool = False) -> None:
+    torch.manual_seed(11 if not hidden else 1111)
+    vocab_size, d_model = (1000, 64) if not hidden else (3001, 96)
+    emb = call(Embedding, vocab_size, d_model, name="Embedding(...)")
+    _no_embedding_shortcut(emb, "Embedding")
+    weight = getattr(emb, "weight", None)
+    expect(isinstance(weight, nn.Parameter), "Embedding should have an attribute `weight` that is an nn.Parameter.",
+           "wrap the table in nn.Parameter(...) so that it is trained and listed by .parameters().")
+    expect(tuple(weight.shape) == (vocab_size, d_model),
+           f"weight has shape {tuple(weight.shape)}, expected (vocab_size, d_model) = {(vocab_size, d_model)}.",
+           "one row per token: torch.empty(vocab_size, d_model).")
+    std = weight.detach().std().item()
+    if not 0.018 < std < 0.022:
+        hint = ("initialise with std 0.02: nn.init.normal_(w, mean=0.0, std=0.02). torch.randn has std 1."
+                if 0.9 < std < 1.1 else "initialise with nn.init.normal_(weight, mean=0.0, std=0.02).")
+        fail(f"the initial weights have std {std:.4f}, expected about 0.02.", hint)
+    expect(abs(weight.detach().mean().item()) < 0.002, "the initial weights are not centred on zero.",
+           "use a normal distribution with mean 0.")
+    g = generator(12 if not hidden else 1212)
+    for shape in ([(2, 7), (5,), (3, 4, 2)] if hidden else [(2, 7), (5,)]):
+        ids = torch.randint(0, vocab_size, shape, generator=g)
+        ids[..., 0] = vocab_size - 1  # the last row must be reachable
+        out = _embedding_forward(emb, ids, "Embedding")
+        expect_tensor(out, (*shape, d_model), f"Embedding output for ids of shape {shape}")
+        oracle = F.one_hot(ids, vocab_size).to(weight.dtype) @ weight.detach()
+        expect_close(out, oracle, "Embedding output",
+                     "row i of the output is weight[i]: index the table with the ids (weight[ids]).")
+    # Gradients reach exactly the rows that were used.
+    emb.zero_grad()
+    ids = torch.tensor([[3, 5, 3]])
+    _embedding_forward(emb, ids, "Embedding").sum().backward()
+    expect(weight.grad is not None, "no gradient reached weight.",
+           "do not detach or copy the table in forward; index the Parameter itself.")
+    used = weight.grad.abs().sum(dim=1) > 0
+    expect(used.nonzero().flatten().tolist() == [3, 5], "the gradient reached rows that were not looked up.",
+           "forward should only index the rows named by ids.")
+    expect_close(weight.grad[3], torch.full((d_model,), 2.0), "the gradient of a row used twice",
+                 "a token that appears twice gets the sum of both gradients: plain indexing does this.")
+
+# ----------------------------------------------------------------------------- exercise 5
+
+def check_scaled_embedding(ScaledEmbedding, hidden: bool = False) -> None:
+    sizes = [(50, 64), (50, 16)] + ([(77, 300), (9, 1)] if hidden else [])
+    for vocab_size, d_model in sizes:
+        torch.manual_seed(21 + d_model)
+        emb = call(ScaledEmbedding, vocab_size, d_model, name="ScaledEmbedding(...)")
+        _no_embedding_shortcut(emb, "ScaledEmbedding")
+        weight = getattr(emb, "weight", None)
+        expect(isinstance(weight, nn.Parameter) and tuple(weight.shape) == (vocab_size, d_model),
+               "ScaledEmbedding should expose its table as `weight` (vocab_size, d_model).",
+               "subclass your Embedding, or keep one and expose its weight.")
+        ids = torch.randint(0, vocab_size, (2, 6), generator=generator(22))
+        out = _embedding_forward(emb, ids, "ScaledEmbedding")
+        expect_tensor(out, (2, 6, d_model), "ScaledEmbedding output")
+        raw = weight.detach()[ids]
+        ratio = (out.detach().norm() / raw.norm()).item()
+        scale = math.sqrt(d_model)
+        if not math.isclose(ratio, scale, rel_tol=1e-4):
+            if math.isclose(ratio, d_model, rel_tol=1e-4) and d_model != 1:
+                hint = "the scale is sqrt(d_model), not d_model: use math.sqrt(d_model)."
+            elif math.isclose(ratio, 1 / scale, rel_tol=1e-4):
+                hint = "multiply by sqrt(d_model); dividing shrinks the embeddings instead."
+            elif math.isclose(ratio, 1.0, rel_tol=1e-4):
+                hint = "the output is not scaled at all: multiply the looked-up rows by sqrt(d_model)."
+            else:
+                hint = "multiply the looked-up rows by sqrt(d_model), once."
+            fail(f"with d_model={d_model} the output is {ratio:.4g} times the table rows, expected "
+                 f"sqrt(d_model) = {scale:.4g}.", hint)
+        expect_close(out, raw * scale, "ScaledEmbedding output", "scale every entry by the same factor.")
+
+# ----------------------------------------------------------------------------- exercise 6
+
+def check_tied_lm(TiedLanguageModel, hidden: bool = False) -> None:
+    vocab_size, d_model = (40, 16) if not hidden else (123, 24)
+    torch.manual_seed(31)
+    model = call(TiedLanguageModel, vocab_size, d_model, name="TiedLanguageModel(...)")
+    embed, head = getattr(model, "embed", None), getattr(model, "head", None)
+    expect(embed is not None and head is not None, "TiedLanguageModel needs attributes `embed` and `head`.",
+           "keep the names from the exercise: self.embed and self.head.")
+    expect(isinstance(head, nn.Linear) and head.bias is None, "`head` should be nn.Linear(d_model, vocab_size, bias=False).",
+           "the tied projection has no bias: bias=False.")
+    params = list(model.parameters())
+    if head.weight is not embed.weight:
+        if head.weight.data_ptr() == embed.weight.data_ptr():
+            hint = ("the two share storage but are two Parameter objects with separate gradients; assign the "
+                    "Parameter itself: self.head.weight = self.embed.weight.")
+        else:
+            hint = ("the head holds a copy of the table, not the table: assign the same Parameter object "
+                    "(self.head.weight = self.embed.weight), never a clone.")
+        fail("head.weight and embed.weight are not the same Parameter.", hint)
+    expect(sum(p.numel() for p in params) == vocab_size * d_model,
+           "the model has parameters besides the one shared table.",
+           "this model is only the tied table: embed -> head, nothing else.")
+    ids = torch.randint(0, vocab_size, (2, 5), generator=generator(32))
+    logits = call(model, ids, name="TiedLanguageModel.forward")
+    expect_tensor(logits, (2, 5, vocab_size), "logits")
+    w = embed.weight.detach()
+    expect_close(logits, w[ids] @ w.T, "logits",
+                 "logits = embed(ids) @ embed.weight.T (the head uses the same matrix, transposed by nn.Linear).")
+    # One gradient, accumulated from both uses of the table.
+    expect(logits.requires_grad, "the logits carry no gradient.", "do not detach anything in forward.")
+    model.zero_grad()
+    logits.pow(2).mean().backward()
+    expect(embed.weight.grad is not None, "no gradient reached the shared table.",
+           "do not detach anything in forward.")
+
+# ----------------------------------------------------------------------------- exercise 7
+
+def check_count_parameters(count_parameters, TiedLanguageModel=None, hidden: bool = False) -> None:
+    cases = [(nn.Linear(10, 3), 33), (nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 2, bias=False)), 28)]
+    frozen = nn.Linear(5, 5)
+    frozen.weight.requires_grad_(False)
+    cases.append((frozen, 30))
+    shared = nn.Linear(6, 6, bias=False)
+    cases.append((nn.Sequential(shared, nn.Tanh(), shared), 36))
+    if hidden:
+        rng = random.Random(707)
+        for _ in range(5):
+            a, b = rng.randrange(1, 50), rng.randrange(1, 50)
+            cases.append((nn.Sequential(nn.LayerNorm(a), nn.Linear(a, b)), 2 * a + a * b + b))
+        cases.append((nn.TransformerEncoderLayer(32, 4, 64), 4 * 32 * 32 + 4 * 32 + 2 * 32 * 64 + 64 + 32 + 4 * 32))
+    for model, want in cases:
+        got = call(count_parameters, model)
+        if got != want:
+            if isinstance(model, nn.Sequential) and model[0] is model[-1]:
+                hint = ("a Parameter used twice (tied weights) is one set of numbers: count each distinct Parameter "
+                        "once; model.parameters() already skips repeats.")
+            elif got > want:
+                hint = ("parameters were counted more than once: iterating over model.modules() and summing each "
+                        "module's .parameters() counts nested modules twice; use model.parameters() once.")
+            elif model is frozen:
+                hint = "frozen parameters (requires_grad=False) are still parameters: count them too."
+            else:
+                hint = "sum p.numel() over model.parameters()."
+            fail(f"count_parameters gave {got} for {model.__class__.__name__}, expected {want}.", hint)
+
+
+def check_embedding_memory_bytes(embedding_memory_bytes, hidden: bool = False) -> None:
+    cases = [(50_000, 4096, torch.float32, 819_200_000), (50_000, 4096, torch.bfloat16, 409_600_000),
+             (32_000, 4096, torch.int8, 131_072_000)]
+    if hidden:
+        rng = random.Random(808)
+        for dtype, size in ((torch.float16, 2), (torch.float64, 8), (torch.float32, 4)):
+            v, d = rng.randrange(1000, 200_000), rng.randrange(16, 8192)
+            cases.append((v, d, dtype, v * d * size))
+    for v, d, dtype, want in cases:
+        got = call(embedding_memory_bytes, v, d, dtype)
+        if got != want:
+            if got == want * 8:
+                hint = "that is bits: a float32 is 4 bytes (torch.finfo(dtype).bits // 8, or tensor.element_size())."
+            elif dtype != torch.float32 and got == v * d * 4:
+                hint = f"{dtype} does not take 4 bytes per number: look the size up from the dtype."
+            else:
+                hint = "bytes = vocab_size * d_model * bytes per element of dtype."
+            fail(f"embedding_memory_bytes({v}, {d}, {dtype}) gave {got}, expected {want}.", hint)
+
+# ----------------------------------------------------------------------------- exercise 8
+
+def check_patchify(patchify, hidden: bool = False) -> None:
+    shapes = [(2, 3, 8, 8, 4), (1, 1, 6, 9, 3)] + ([(3, 2, 12, 8, 4), (2, 3, 5, 5, 5)] if hidden else [])
+    g = generator(41 if not hidden else 4141)
+    for B, C, H, W, p in shapes:
+        images = torch.randn(B, C, H, W, generator=g)
+        got = call(patchify, images.clone(), p)
+        n = (H // p) * (W // p)
+        expect_tensor(got, (B, n, C * p * p), f"patchify of {(B, C, H, W)} with patch_size={p}")
+        oracle = F.unfold(images, kernel_size=p, stride=p).transpose(1, 2)
+        if not torch.allclose(got, oracle):
+            same_values = torch.allclose(got.sort(dim=-1).values, oracle.sort(dim=-1).values)
+            if same_values:
+                hint = ("each patch has the right pixels in the wrong order: flatten in (channel, row, col) order, "
+                        "i.e. permute to (B, H/p, W/p, C, p, p) before the final reshape.")
+            else:
+                hint = ("a plain reshape mixes pixels from different patches: view as (B, C, H/p, p, W/p, p), "
+                        "permute to (B, H/p, W/p, C, p, p), then reshape to (B, N, C*p*p).")
+            fail("patchify put the wrong pixels in the patches.", hint)
+
+
+def check_patch_embedding(PatchEmbedding, hidden: bool = False) -> None:
+    configs = [(8, 4, 3, 16)] + ([(12, 4, 2, 10), (6, 3, 1, 5)] if hidden else [])
+    for image_size, p, C, d_model in configs:
+        torch.manual_seed(51)
+        module = call(PatchEmbedding, image_size, p, C, d_model, name="PatchEmbedding(...)")
+        proj = getattr(module, "proj", None)
+        expect(isinstance(proj, nn.Linear) and tuple(proj.weight.shape) == (d_model, C * p * p),
+               "PatchEmbedding needs `proj`, an nn.Linear(in_channels * patch_size**2, d_model).",
+               "the projection maps one flattened patch to d_model numbers.")
+        expect(getattr(module, "num_patches", None) == (image_size // p) ** 2,
+               f"num_patches should be (image_size // patch_size)**2 = {(image_size // p) ** 2}.",
+               "store self.num_patches in __init__.")
+        images = torch.randn(2, C, image_size, image_size, generator=generator(52))
+        out = call(module, images, name="PatchEmbedding.forward")
+        expect_tensor(out, (2, (image_size // p) ** 2, d_model), "PatchEmbedding output")
+        conv = nn.Conv2d(C, d_model, kernel_size=p, stride=p)
+        with torch.no_grad():
+            conv.weight.copy_(proj.weight.view(d_model, C, p, p))
+            conv.bias.copy_(proj.bias)
+            oracle = conv(images).flatten(2).transpose(1, 2)
+        expect_close(out, oracle, "PatchEmbedding output (compared with a Conv2d, kernel = stride = patch_size)",
+                     "patchify the images in (channel, row, col) order, then apply self.proj.", atol=1e-5)
+    try:
+        PatchEmbedding(10, 4, 3, 8)
+    except ValueError as err:
+        expect("10" in str(err) and "4" in str(err), "the ValueError should name both sizes.",
+               "say which image size and patch size do not fit, e.g. f'image_size {image_size} ...'.")
+    except NotImplementedError:
+        raise
+    else:
+        fail("PatchEmbedding(image_size=10, patch_size=4, ...) did not raise ValueError.",
+             "check image_size % patch_size == 0 in __init__ and raise ValueError naming both sizes.")

@@ -28,7 +28,7 @@ book: $(STAMP)
 	@echo "Open _build/html/index.html"
 
 test: $(STAMP)
-	$(PY) -m pytest -n 2 --dist loadgroup
+	$(PY) -m pytest
 
 test-fast: $(STAMP)
 	$(PY) -m pytest -m "not slow"

@@ -21,7 +21,7 @@ from tqdm.auto import tqdm
 
 from .coursetree import CourseTree
 from .settings import GradingSettings
-from .submission import inspect_submission
+from .submission import inspect_submission, restore_deleted_cells
 
 CSV_COLUMNS = ["student", "assignment", "score", "max_score", "status", "notes"]
 
@@ -111,6 +111,8 @@ class Grader:
                 continue
             row.notes.extend(f"{notebook}: {n}" for n in found.notes())
             shutil.copy(source, submitted / source.name)
+            restore_deleted_cells(submitted / source.name, self.tree.release_path(assignment, notebook),
+                                  found.deleted_cells)
             gradable.append(notebook)
         if not gradable:
             row.status = "broken"

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import nbformat
+from nbformat.reader import NotJSONError
 
 from .preprocessors import HIDDEN_PLACEHOLDER, strip_hidden_region
 
@@ -27,7 +28,8 @@ class Inspection:
     def notes(self) -> list[str]:
         notes = []
         if self.deleted_cells:
-            notes.append("test cells deleted (restored and graded): " + ", ".join(self.deleted_cells))
+            notes.append("locked cells deleted (restored from the original and graded): "
+                         + ", ".join(self.deleted_cells))
         if self.edited_cells:
             notes.append("locked cells edited (restored from the original and graded): "
                          + ", ".join(self.edited_cells))
@@ -58,8 +60,8 @@ def inspect_submission(path: Path, release_path: Path) -> Inspection:
         nbformat.validate(submitted)
     except FileNotFoundError:
         return Inspection(readable=False, problem=f"notebook not submitted ({path.name} missing)")
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        return Inspection(readable=False, problem=f"notebook is not valid JSON ({err})")
+    except (json.JSONDecodeError, UnicodeDecodeError, NotJSONError) as err:
+        return Inspection(readable=False, problem=f"notebook is not valid JSON ({str(err)[:200]})")
     except Exception as err:  # nbformat raises several types for malformed notebooks
         return Inspection(readable=False, problem=f"notebook is not a valid notebook ({type(err).__name__}: "
                                                   f"{str(err).splitlines()[0][:200]})")
@@ -78,3 +80,30 @@ def inspect_submission(path: Path, release_path: Path) -> Inspection:
         elif _comparable(present[grade_id]) != _comparable(source):
             found.edited_cells.append(grade_id)
     return found
+
+
+def restore_deleted_cells(path: Path, release_path: Path, missing: list[str]) -> None:
+    """Put deleted locked cells back, each after the nearest earlier cell that is still there.
+
+    nbgrader's ``add_missing_cells`` restores only graded cells; a deleted set-up cell (the
+    imports every test needs) would otherwise zero the whole notebook.
+    """
+    if not missing:
+        return
+    submitted = nbformat.read(path, as_version=4)
+    released = nbformat.read(release_path, as_version=4)
+
+    def gid(cell):
+        return cell.get("metadata", {}).get("nbgrader", {}).get("grade_id")
+
+    for index, cell in enumerate(released.cells):
+        if gid(cell) not in missing:
+            continue
+        position = 0
+        for earlier in reversed(released.cells[:index]):
+            ids = [gid(c) for c in submitted.cells]
+            if gid(earlier) in ids:
+                position = ids.index(gid(earlier)) + 1
+                break
+        submitted.cells.insert(position, cell)
+    nbformat.write(submitted, path)

@@ -1,0 +1,64 @@
+"""Build student submissions from the solution notebooks, for grading tests.
+
+A "student" notebook is the released exercise with its answer cells filled in from the
+solution (markers removed), optionally with one answer mutated into a common mistake.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import nbformat
+
+ROOT = Path(__file__).resolve().parents[1]
+_MARKER = re.compile(r"^[ \t]*### (BEGIN|END) SOLUTION[^\n]*\n", re.MULTILINE)
+
+
+def grade_id(cell) -> str | None:
+    return cell.get("metadata", {}).get("nbgrader", {}).get("grade_id")
+
+
+def solution_answers(assignment: str) -> dict[str, str]:
+    """grade_id -> answer code (markers stripped) for every answer cell of the solution."""
+    nb = nbformat.read(ROOT / "solutions" / assignment / f"{assignment}.ipynb", as_version=4)
+    return {grade_id(c): _MARKER.sub("", c.source) for c in nb.cells
+            if c.get("metadata", {}).get("nbgrader", {}).get("solution")}
+
+
+def release_notebook(assignment: str):
+    return nbformat.read(ROOT / "exercises" / assignment / f"{assignment}.ipynb", as_version=4)
+
+
+def student_notebook(assignment: str, answers: dict[str, str]):
+    """The released notebook with answer cells replaced by ``answers``."""
+    nb = release_notebook(assignment)
+    for cell in nb.cells:
+        if grade_id(cell) in answers:
+            cell.source = answers[grade_id(cell)]
+    return nb
+
+
+@dataclass(frozen=True)
+class Mistake:
+    """A realistic wrong answer: replace ``old`` by ``new`` in one answer cell."""
+
+    name: str
+    cell: str
+    old: str
+    new: str
+    failing: tuple[str, ...]   # test cells that must score zero
+    hint: str                  # words from the hint this mistake must get
+
+    def apply(self, answers: dict[str, str]) -> dict[str, str]:
+        source = answers[self.cell]
+        if self.old not in source:
+            raise AssertionError(f"mistake {self.name!r}: {self.old!r} is not in {self.cell}; update the case")
+        return {**answers, self.cell: source.replace(self.old, self.new, 1)}
+
+
+def write_notebook(nb, path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    nbformat.write(nb, path)
+    return path

@@ -1,0 +1,196 @@
+"""End to end: the real autograder (nbgrader, real kernels, a real gradebook) on real
+submissions, through the documented command ``python -m autograder grade``."""
+
+from __future__ import annotations
+
+import csv
+import subprocess
+import sys
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from ch01_mistakes import MISTAKES
+from notebook_tools import ROOT, grade_id, solution_answers, student_notebook, write_notebook
+
+pytestmark = pytest.mark.slow
+ASSIGNMENT = "ch01_embeddings"
+NOTEBOOK = f"{ASSIGNMENT}.ipynb"
+CELL_TIMEOUT = 20
+
+
+def grade(submissions: Path, out: Path) -> dict[str, dict]:
+    """Run the grading CLI; return grades.csv rows keyed by student."""
+    done = subprocess.run([sys.executable, "-m", "autograder", "grade", str(submissions), "--out", str(out),
+                           "--timeout", str(CELL_TIMEOUT), "--no-progress"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=1800)
+    assert done.returncode == 0, done.stdout + done.stderr
+    with open(out / "grades.csv", newline="") as f:
+        return {row["student"]: row for row in csv.DictReader(f)}
+
+
+def autograded(out: Path, student: str):
+    return nbformat.read(out / "nbgrader" / "autograded" / student / ASSIGNMENT / NOTEBOOK, as_version=4)
+
+
+def feedback_html(out: Path, student: str) -> str:
+    pages = sorted((out / "feedback" / student / ASSIGNMENT).glob("*.html"))
+    assert pages, f"no feedback for {student}"
+    return "\n".join(p.read_text(encoding="utf-8") for p in pages)
+
+
+def cell_scores(out: Path, student: str) -> dict[str, float]:
+    from nbgrader.api import Gradebook
+
+    with Gradebook(f"sqlite:///{out / 'nbgrader' / 'gradebook.db'}") as gb:
+        sub = gb.find_submission_notebook(Path(NOTEBOOK).stem, ASSIGNMENT, student)
+        return {g.name: float(g.score) for g in sub.grades}
+
+
+# ------------------------------------------------------------------ the reference trees
+
+@pytest.fixture(scope="module")
+def reference_grades(tmp_path_factory):
+    out = tmp_path_factory.mktemp("graded")
+    return {"solutions": (grade(ROOT / "solutions", out / "solutions"), out / "solutions"),
+            "exercises": (grade(ROOT / "exercises", out / "exercises"), out / "exercises")}
+
+
+def test_solutions_score_full_marks(reference_grades):
+    rows, out = reference_grades["solutions"]
+    row = rows["solutions"]
+    assert float(row["score"]) == float(row["max_score"]) > 0, row
+    assert row["notes"] == "", row
+
+
+def test_untouched_exercises_score_zero_failing_only_with_not_implemented(reference_grades):
+    rows, out = reference_grades["exercises"]
+    assert float(rows["exercises"]["score"]) == 0
+    nb = autograded(out, "exercises")
+    graded = [c for c in nb.cells if c.metadata.get("nbgrader", {}).get("grade")]
+    assert graded
+    for cell in graded:
+        errors = [o for o in cell.outputs if o.output_type == "error"]
+        assert errors and all(o.ename == "NotImplementedError" for o in errors), (grade_id(cell), errors)
+
+
+def test_feedback_never_shows_hidden_tests(reference_grades):
+    for name in ("solutions", "exercises"):
+        html = feedback_html(reference_grades[name][1], name)
+        assert "BEGIN HIDDEN TESTS" not in html and "hidden=True" not in html
+        assert "hidden tests: their code is not shown" in html
+
+
+# ------------------------------------------------------------------ mistakes and bad submissions
+
+def _bad_submissions(root: Path, answers: dict[str, str]) -> None:
+    """Six ways a submission goes wrong that the grader must survive and explain."""
+    write_notebook(student_notebook(ASSIGNMENT, answers), root / "good" / ASSIGNMENT / NOTEBOOK)
+
+    (root / "corrupt_json" / ASSIGNMENT).mkdir(parents=True)
+    (root / "corrupt_json" / ASSIGNMENT / NOTEBOOK).write_text('{"cells": [ this is not json', encoding="utf-8")
+
+    looping = {**answers, "ex5_answer": "while True:\n    pass\n" + answers["ex5_answer"]}
+    write_notebook(student_notebook(ASSIGNMENT, looping), root / "infinite_loop" / ASSIGNMENT / NOTEBOOK)
+
+    killed = {**answers, "ex6_answer": "import os, signal\nos.kill(os.getpid(), signal.SIGKILL)\n" + answers["ex6_answer"]}
+    write_notebook(student_notebook(ASSIGNMENT, killed), root / "kernel_killed" / ASSIGNMENT / NOTEBOOK)
+
+    deleted = student_notebook(ASSIGNMENT, answers)
+    deleted.cells = [c for c in deleted.cells if grade_id(c) not in ("ex4_visible", "setup")]
+    write_notebook(deleted, root / "deleted_cells" / ASSIGNMENT / NOTEBOOK)
+
+    edited = student_notebook(ASSIGNMENT, MISTAKES_BY_NAME["embedding_std_one"].apply(answers))
+    for cell in edited.cells:
+        if grade_id(cell) == "ex4_visible":
+            cell.source = "# tests removed by the student\npass"
+    write_notebook(edited, root / "edited_locked" / ASSIGNMENT / NOTEBOOK)
+
+    warns = {**answers, "ex4_answer": answers["ex4_answer"].replace(
+        "        return self.weight[ids]",
+        "        import warnings\n        warnings.warn('a harmless warning printed to stderr')\n"
+        "        return self.weight[ids]")}
+    assert warns != answers
+    write_notebook(student_notebook(ASSIGNMENT, warns), root / "stderr_warning" / ASSIGNMENT / NOTEBOOK)
+
+
+MISTAKES_BY_NAME = {m.name: m for m in MISTAKES}
+
+
+@pytest.fixture(scope="module")
+def batch(tmp_path_factory):
+    """One grading run over every mistake and every bad submission."""
+    root = tmp_path_factory.mktemp("submissions")
+    answers = solution_answers(ASSIGNMENT)
+    for mistake in MISTAKES:
+        write_notebook(student_notebook(ASSIGNMENT, mistake.apply(answers)), root / mistake.name / ASSIGNMENT / NOTEBOOK)
+    _bad_submissions(root, answers)
+    out = tmp_path_factory.mktemp("batch-out")
+    return grade(root, out), out
+
+
+@pytest.mark.parametrize("mistake", MISTAKES, ids=[m.name for m in MISTAKES])
+def test_mistake_loses_points_and_gets_its_hint(batch, mistake):
+    rows, out = batch
+    row = rows[mistake.name]
+    assert float(row["score"]) < float(row["max_score"]), row
+    scores = cell_scores(out, mistake.name)
+    for cell in mistake.failing:
+        assert scores[cell] == 0, (cell, scores)
+    assert mistake.hint in feedback_html(out, mistake.name).replace("&#39;", "'").replace("&quot;", '"')
+
+
+def test_good_submission_full_marks(batch):
+    row = batch[0]["good"]
+    assert float(row["score"]) == float(row["max_score"]) and row["notes"] == "", row
+
+
+def test_corrupt_notebook_scores_zero_with_reason_and_others_still_graded(batch):
+    rows, out = batch
+    row = rows["corrupt_json"]
+    assert float(row["score"]) == 0 and row["status"] == "broken"
+    assert "not valid JSON" in row["notes"]
+    assert "not valid JSON" in feedback_html(out, "corrupt_json")
+    assert len(rows) == len(MISTAKES) + 7
+
+
+def test_infinite_loop_is_stopped_and_only_that_exercise_lost(batch):
+    rows, out = batch
+    row = rows["infinite_loop"]
+    assert "ex5_answer ran past the time limit" in row["notes"], row
+    scores = cell_scores(out, "infinite_loop")
+    assert scores["ex5_visible"] == 0 and scores["ex5_hidden"] == 0
+    assert scores["ex4_hidden"] > 0 and scores["ex8_hidden"] > 0
+
+
+def test_killed_kernel_keeps_earlier_points_and_zeroes_the_rest(batch):
+    rows, out = batch
+    row = rows["kernel_killed"]
+    assert "kernel died while running ex6_answer" in row["notes"], row
+    scores = cell_scores(out, "kernel_killed")
+    assert all(scores[f"ex{i}_{kind}"] > 0 for i in range(1, 6) for kind in ("visible", "hidden")), scores
+    assert all(scores[f"ex{i}_{kind}"] == 0 for i in range(6, 9) for kind in ("visible", "hidden")), scores
+    assert "kernel died" in feedback_html(out, "kernel_killed")
+
+
+def test_deleted_cells_are_restored_graded_and_recorded(batch):
+    row = batch[0]["deleted_cells"]
+    assert float(row["score"]) == float(row["max_score"]), row
+    assert "deleted" in row["notes"] and "ex4_visible" in row["notes"] and "setup" in row["notes"]
+
+
+def test_edited_locked_cell_is_restored_and_recorded(batch):
+    rows, out = batch
+    row = rows["edited_locked"]
+    assert "locked cells edited" in row["notes"] and "ex4_visible" in row["notes"], row
+    assert cell_scores(out, "edited_locked")["ex4_visible"] == 0
+    assert "locked cells edited" in feedback_html(out, "edited_locked")
+
+
+def test_stderr_warning_in_a_correct_answer_costs_nothing(batch):
+    rows, out = batch
+    row = rows["stderr_warning"]
+    assert float(row["score"]) == float(row["max_score"]), row
+    text = "".join(o.get("text", "") for c in autograded(out, "stderr_warning").cells for o in c.get("outputs", []))
+    assert "[stderr]" in text and "harmless warning" in text

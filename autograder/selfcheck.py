@@ -23,6 +23,10 @@ class CellResult:
     message: str
 
 
+def _has_code(source: str) -> bool:
+    return any(line.strip() and not line.strip().startswith("#") for line in source.splitlines())
+
+
 def run_visible_tests(path: Path, settings: GradingSettings) -> list[CellResult]:
     path = Path(path)
     if not path.is_file():
@@ -36,6 +40,8 @@ def run_visible_tests(path: Path, settings: GradingSettings) -> list[CellResult]
     for cell in nb.cells:
         meta = cell.get("metadata", {}).get("nbgrader", {})
         if cell.cell_type != "code" or not meta.get("grade") or meta.get("solution"):
+            continue
+        if not _has_code(cell.source):  # a hidden-test placeholder: only the autograder fills it
             continue
         errors = [o for o in cell.outputs if o.output_type == "error"]
         message = f"{errors[0].ename}: {errors[0].evalue}" if errors else ""

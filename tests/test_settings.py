@@ -1,0 +1,58 @@
+"""Device and time-limit settings: CLI beats environment beats defaults; errors are clear."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from autograder.preprocessors import strip_hidden_region
+from autograder.settings import GradingSettings
+from course.device import get_device
+
+
+def test_cli_beats_environment_beats_default(monkeypatch):
+    monkeypatch.delenv("COURSE_DEVICE", raising=False)
+    monkeypatch.delenv("COURSE_CELL_TIMEOUT", raising=False)
+    assert GradingSettings.from_env() == GradingSettings("cpu", 300)
+    monkeypatch.setenv("COURSE_DEVICE", "cuda")
+    monkeypatch.setenv("COURSE_CELL_TIMEOUT", "42")
+    assert GradingSettings.from_env() == GradingSettings("cuda", 42)
+    assert GradingSettings.from_env(device="cpu", cell_timeout=7) == GradingSettings("cpu", 7)
+
+
+@pytest.mark.parametrize("env,message", [({"COURSE_CELL_TIMEOUT": "soon"}, "whole number"),
+                                         ({"COURSE_DEVICE": "tpu"}, "device must be")])
+def test_bad_settings_are_named(monkeypatch, env, message):
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    with pytest.raises(ValueError, match=message):
+        GradingSettings.from_env()
+
+
+def test_settings_reach_a_child_process_environment(monkeypatch):
+    import os
+    import subprocess
+    import sys
+
+    monkeypatch.setenv("PATH", os.environ["PATH"])
+    GradingSettings("cpu", 11).apply_to_environment()
+    out = subprocess.run([sys.executable, "-c", "from course.device import get_device; import os;"
+                          "print(get_device(), os.environ['COURSE_CELL_TIMEOUT'])"],
+                         capture_output=True, text=True, check=True).stdout.split()
+    assert out == ["cpu", "11"]
+
+
+def test_get_device(monkeypatch):
+    monkeypatch.setenv("COURSE_DEVICE", "cpu")
+    assert get_device() == torch.device("cpu")
+    if not torch.cuda.is_available():
+        monkeypatch.setenv("COURSE_DEVICE", "cuda")
+        with pytest.raises(RuntimeError, match="asks for a GPU"):
+            get_device()
+
+
+def test_strip_hidden_region_keeps_visible_lines():
+    source = "# visible\ncheck(a)\n### BEGIN HIDDEN TESTS\nsecret(a)\n### END HIDDEN TESTS\nafter()"
+    stripped, found = strip_hidden_region(source)
+    assert found and "secret" not in stripped and "check(a)" in stripped and "after()" in stripped
+    assert strip_hidden_region("plain()") == ("plain()", False)

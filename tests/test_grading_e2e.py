@@ -4,6 +4,7 @@ submissions, through the documented command ``python -m autograder grade``."""
 from __future__ import annotations
 
 import csv
+import html as html_lib
 import subprocess
 import sys
 from pathlib import Path
@@ -11,7 +12,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from ch01_mistakes import MISTAKES
+from mistakes import all_mistakes, assignments, mistakes_for
 from notebook_tools import ROOT, grade_id, solution_answers, student_notebook, write_notebook
 
 pytestmark = pytest.mark.slow
@@ -20,31 +21,31 @@ NOTEBOOK = f"{ASSIGNMENT}.ipynb"
 CELL_TIMEOUT = 20
 
 
-def grade(submissions: Path, out: Path) -> dict[str, dict]:
-    """Run the grading CLI; return grades.csv rows keyed by student."""
+def grade(submissions: Path, out: Path) -> dict[tuple[str, str], dict]:
+    """Run the grading CLI; return grades.csv rows keyed by (student, assignment)."""
     done = subprocess.run([sys.executable, "-m", "autograder", "grade", str(submissions), "--out", str(out),
                            "--timeout", str(CELL_TIMEOUT), "--no-progress"],
                           cwd=ROOT, capture_output=True, text=True, timeout=1800)
     assert done.returncode == 0, done.stdout + done.stderr
     with open(out / "grades.csv", newline="") as f:
-        return {row["student"]: row for row in csv.DictReader(f)}
+        return {(row["student"], row["assignment"]): row for row in csv.DictReader(f)}
 
 
-def autograded(out: Path, student: str):
-    return nbformat.read(out / "nbgrader" / "autograded" / student / ASSIGNMENT / NOTEBOOK, as_version=4)
+def autograded(out: Path, student: str, assignment: str = ASSIGNMENT):
+    return nbformat.read(out / "nbgrader" / "autograded" / student / assignment / f"{assignment}.ipynb", as_version=4)
 
 
-def feedback_html(out: Path, student: str) -> str:
-    pages = sorted((out / "feedback" / student / ASSIGNMENT).glob("*.html"))
+def feedback_html(out: Path, student: str, assignment: str = ASSIGNMENT) -> str:
+    pages = sorted((out / "feedback" / student / assignment).glob("*.html"))
     assert pages, f"no feedback for {student}"
     return "\n".join(p.read_text(encoding="utf-8") for p in pages)
 
 
-def cell_scores(out: Path, student: str) -> dict[str, float]:
+def cell_scores(out: Path, student: str, assignment: str = ASSIGNMENT) -> dict[str, float]:
     from nbgrader.api import Gradebook
 
     with Gradebook(f"sqlite:///{out / 'nbgrader' / 'gradebook.db'}") as gb:
-        sub = gb.find_submission_notebook(Path(NOTEBOOK).stem, ASSIGNMENT, student)
+        sub = gb.find_submission_notebook(assignment, assignment, student)
         return {g.name: float(g.score) for g in sub.grades}
 
 
@@ -57,17 +58,19 @@ def reference_grades(tmp_path_factory):
             "exercises": (grade(ROOT / "exercises", out / "exercises"), out / "exercises")}
 
 
-def test_solutions_score_full_marks(reference_grades):
+@pytest.mark.parametrize("assignment", assignments())
+def test_solutions_score_full_marks(reference_grades, assignment):
     rows, out = reference_grades["solutions"]
-    row = rows["solutions"]
+    row = rows[("solutions", assignment)]
     assert float(row["score"]) == float(row["max_score"]) > 0, row
     assert row["notes"] == "", row
 
 
-def test_untouched_exercises_score_zero_failing_only_with_not_implemented(reference_grades):
+@pytest.mark.parametrize("assignment", assignments())
+def test_untouched_exercises_score_zero_failing_only_with_not_implemented(reference_grades, assignment):
     rows, out = reference_grades["exercises"]
-    assert float(rows["exercises"]["score"]) == 0
-    nb = autograded(out, "exercises")
+    assert float(rows[("exercises", assignment)]["score"]) == 0
+    nb = autograded(out, "exercises", assignment)
     graded = [c for c in nb.cells if c.metadata.get("nbgrader", {}).get("grade")]
     assert graded
     for cell in graded:
@@ -75,9 +78,10 @@ def test_untouched_exercises_score_zero_failing_only_with_not_implemented(refere
         assert errors and all(o.ename == "NotImplementedError" for o in errors), (grade_id(cell), errors)
 
 
-def test_feedback_never_shows_hidden_tests(reference_grades):
+@pytest.mark.parametrize("assignment", assignments())
+def test_feedback_never_shows_hidden_tests(reference_grades, assignment):
     for name in ("solutions", "exercises"):
-        html = feedback_html(reference_grades[name][1], name)
+        html = feedback_html(reference_grades[name][1], name, assignment)
         assert "BEGIN HIDDEN TESTS" not in html and "hidden=True" not in html
         assert "hidden tests: their code is not shown" in html
 
@@ -115,49 +119,56 @@ def _bad_submissions(root: Path, answers: dict[str, str]) -> None:
     write_notebook(student_notebook(ASSIGNMENT, warns), root / "stderr_warning" / ASSIGNMENT / NOTEBOOK)
 
 
-MISTAKES_BY_NAME = {m.name: m for m in MISTAKES}
+MISTAKES_BY_NAME = {m.name: m for m in mistakes_for(ASSIGNMENT)}
+ALL_MISTAKES = all_mistakes()
+
+
+def _student(assignment: str, mistake) -> str:
+    return f"{assignment}__{mistake.name}"
 
 
 @pytest.fixture(scope="module")
 def batch(tmp_path_factory):
     """One grading run over every mistake and every bad submission."""
     root = tmp_path_factory.mktemp("submissions")
-    answers = solution_answers(ASSIGNMENT)
-    for mistake in MISTAKES:
-        write_notebook(student_notebook(ASSIGNMENT, mistake.apply(answers)), root / mistake.name / ASSIGNMENT / NOTEBOOK)
-    _bad_submissions(root, answers)
+    for assignment, mistake in ALL_MISTAKES:
+        nb = student_notebook(assignment, mistake.apply(solution_answers(assignment)))
+        write_notebook(nb, root / _student(assignment, mistake) / assignment / f"{assignment}.ipynb")
+    _bad_submissions(root, solution_answers(ASSIGNMENT))
     out = tmp_path_factory.mktemp("batch-out")
     return grade(root, out), out
 
 
-@pytest.mark.parametrize("mistake", MISTAKES, ids=[m.name for m in MISTAKES])
-def test_mistake_loses_points_and_gets_its_hint(batch, mistake):
+@pytest.mark.parametrize("assignment,mistake", ALL_MISTAKES, ids=[f"{a}-{m.name}" for a, m in ALL_MISTAKES])
+def test_mistake_loses_points_and_gets_its_hint(batch, assignment, mistake):
     rows, out = batch
-    row = rows[mistake.name]
+    student = _student(assignment, mistake)
+    row = rows[(student, assignment)]
     assert float(row["score"]) < float(row["max_score"]), row
-    scores = cell_scores(out, mistake.name)
+    scores = cell_scores(out, student, assignment)
     for cell in mistake.failing:
         assert scores[cell] == 0, (cell, scores)
-    assert mistake.hint in feedback_html(out, mistake.name).replace("&#39;", "'").replace("&quot;", '"')
+    html = html_lib.unescape(feedback_html(out, student, assignment))
+    assert mistake.hint in html
 
 
 def test_good_submission_full_marks(batch):
-    row = batch[0]["good"]
+    row = batch[0][("good", ASSIGNMENT)]
     assert float(row["score"]) == float(row["max_score"]) and row["notes"] == "", row
 
 
 def test_corrupt_notebook_scores_zero_with_reason_and_others_still_graded(batch):
     rows, out = batch
-    row = rows["corrupt_json"]
+    row = rows[("corrupt_json", ASSIGNMENT)]
     assert float(row["score"]) == 0 and row["status"] == "broken"
     assert "not valid JSON" in row["notes"]
     assert "not valid JSON" in feedback_html(out, "corrupt_json")
-    assert len(rows) == len(MISTAKES) + 7
+    assert len(rows) == len(ALL_MISTAKES) + 7
 
 
 def test_infinite_loop_is_stopped_and_only_that_exercise_lost(batch):
     rows, out = batch
-    row = rows["infinite_loop"]
+    row = rows[("infinite_loop", ASSIGNMENT)]
     assert "ex5_answer ran past the time limit" in row["notes"], row
     scores = cell_scores(out, "infinite_loop")
     assert scores["ex5_visible"] == 0 and scores["ex5_hidden"] == 0
@@ -166,7 +177,7 @@ def test_infinite_loop_is_stopped_and_only_that_exercise_lost(batch):
 
 def test_killed_kernel_keeps_earlier_points_and_zeroes_the_rest(batch):
     rows, out = batch
-    row = rows["kernel_killed"]
+    row = rows[("kernel_killed", ASSIGNMENT)]
     assert "kernel died while running ex6_answer" in row["notes"], row
     scores = cell_scores(out, "kernel_killed")
     assert all(scores[f"ex{i}_{kind}"] > 0 for i in range(1, 6) for kind in ("visible", "hidden")), scores
@@ -175,14 +186,14 @@ def test_killed_kernel_keeps_earlier_points_and_zeroes_the_rest(batch):
 
 
 def test_deleted_cells_are_restored_graded_and_recorded(batch):
-    row = batch[0]["deleted_cells"]
+    row = batch[0][("deleted_cells", ASSIGNMENT)]
     assert float(row["score"]) == float(row["max_score"]), row
     assert "deleted" in row["notes"] and "ex4_visible" in row["notes"] and "setup" in row["notes"]
 
 
 def test_edited_locked_cell_is_restored_and_recorded(batch):
     rows, out = batch
-    row = rows["edited_locked"]
+    row = rows[("edited_locked", ASSIGNMENT)]
     assert "locked cells edited" in row["notes"] and "ex4_visible" in row["notes"], row
     assert cell_scores(out, "edited_locked")["ex4_visible"] == 0
     assert "locked cells edited" in feedback_html(out, "edited_locked")
@@ -190,7 +201,7 @@ def test_edited_locked_cell_is_restored_and_recorded(batch):
 
 def test_stderr_warning_in_a_correct_answer_costs_nothing(batch):
     rows, out = batch
-    row = rows["stderr_warning"]
+    row = rows[("stderr_warning", ASSIGNMENT)]
     assert float(row["score"]) == float(row["max_score"]), row
     text = "".join(o.get("text", "") for c in autograded(out, "stderr_warning").cells for o in c.get("outputs", []))
     assert "[stderr]" in text and "harmless warning" in text

@@ -1,0 +1,71 @@
+"""Check helpers run in-process (fast), for every assignment: the solution passes every test
+cell, each common mistake fails the cells it should with the hint meant for it, and the
+untouched stubs fail with NotImplementedError only."""
+
+from __future__ import annotations
+
+import nbformat
+import pytest
+
+from mistakes import all_mistakes, assignments
+from notebook_tools import ROOT, grade_id, solution_answers
+
+ALL_MISTAKES = all_mistakes()
+
+
+def _code_cells(assignment: str):
+    nb = nbformat.read(ROOT / "solutions" / assignment / f"{assignment}.ipynb", as_version=4)
+    return [c for c in nb.cells if c.cell_type == "code"]
+
+
+def run_tests(assignment: str, answers: dict[str, str]) -> dict[str, BaseException | None]:
+    """Execute every code cell in one namespace, answers replaced; test cell -> its exception."""
+    namespace: dict = {"__name__": "__main__"}
+    results = {}
+    for cell in _code_cells(assignment):
+        meta = cell.metadata.get("nbgrader", {})
+        source = answers.get(grade_id(cell), cell.source)
+        try:
+            exec(compile(source, grade_id(cell) or "cell", "exec"), namespace)
+            error = None
+        except Exception as err:  # noqa: BLE001 - we record what each cell raised
+            error = err
+        if meta.get("grade"):
+            results[grade_id(cell)] = error
+        elif error is not None and not meta.get("solution"):
+            raise error  # set-up and demo cells must run even with stubs
+    return results
+
+
+@pytest.mark.parametrize("assignment", assignments())
+def test_solution_passes_every_test_cell(assignment):
+    results = run_tests(assignment, solution_answers(assignment))
+    assert results, "no test cells found"
+    assert not {k: repr(v) for k, v in results.items() if v is not None}
+
+
+@pytest.mark.parametrize("assignment", assignments())
+def test_stubs_fail_every_test_cell_with_not_implemented(assignment):
+    nb = nbformat.read(ROOT / "exercises" / assignment / f"{assignment}.ipynb", as_version=4)
+    stubs = {grade_id(c): c.source for c in nb.cells if c.metadata.get("nbgrader", {}).get("solution")}
+    results = run_tests(assignment, stubs)
+    assert all(isinstance(err, NotImplementedError) for err in results.values()), results
+
+
+@pytest.mark.parametrize("assignment,mistake", ALL_MISTAKES, ids=[f"{a}-{m.name}" for a, m in ALL_MISTAKES])
+def test_mistake_fails_with_its_hint(assignment, mistake):
+    results = run_tests(assignment, mistake.apply(solution_answers(assignment)))
+    for cell in mistake.failing:
+        err = results[cell]
+        assert err is not None, f"{cell} passed although the answer has the mistake {mistake.name!r}"
+        assert mistake.hint in str(err), f"{cell} failed without the hint {mistake.hint!r}:\n{err}"
+
+
+@pytest.mark.parametrize("assignment", assignments())
+def test_each_exercise_has_a_mistake_and_enough_of_them(assignment):
+    from mistakes import mistakes_for
+
+    found = mistakes_for(assignment)
+    assert len(found) >= 8
+    answer_cells = {grade_id(c) for c in _code_cells(assignment) if c.metadata.get("nbgrader", {}).get("solution")}
+    assert answer_cells <= {m.cell for m in found}, answer_cells - {m.cell for m in found}

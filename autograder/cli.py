@@ -6,11 +6,12 @@ import argparse
 import sys
 from pathlib import Path
 
-from .settings import DEFAULT_TIMEOUT, DEVICE_ENV, TIMEOUT_ENV, GradingSettings, repo_root
+from .settings import (DEFAULT_TIMEOUT, DEVICE_ENV, PROFILE_ENV, PROFILES, TIMEOUT_ENV, GradingSettings,
+                       repo_root)
 
 
 def _settings(args) -> GradingSettings:
-    return GradingSettings.from_env(device=args.device, cell_timeout=args.timeout)
+    return GradingSettings.from_env(device=args.device, cell_timeout=args.timeout, profile=args.profile)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -31,6 +32,8 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("--device", help=f"cpu, cuda or auto (default: ${DEVICE_ENV} or cpu)")
         p.add_argument("--timeout", type=int,
                        help=f"seconds per cell (default: ${TIMEOUT_ENV} or {DEFAULT_TIMEOUT})")
+        p.add_argument("--profile", choices=PROFILES,
+                       help=f"capstone budget: smoke, cpu or gpu (default: ${PROFILE_ENV} or cpu)")
         p.add_argument("--no-progress", action="store_true", help="no progress bar")
 
     args = parser.parse_args(argv)

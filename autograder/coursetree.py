@@ -19,7 +19,7 @@ from nbgrader.preprocessors import (AssignLatePenalties, CheckCellMetadata, GetG
 from nbconvert.preprocessors import ClearMetadataPreprocessor, CSSHTMLHeaderPreprocessor
 from traitlets.config import Config
 
-from .preprocessors import HideHiddenTests, StderrIsNotFailure, SurvivingExecute
+from .preprocessors import HideHiddenTests, StderrIsNotFailure, SurvivingExecute, cell_time_limits
 from .settings import COURSE_ID, GradingSettings
 
 # nbgrader's gradebook code trips SQLAlchemy 2 autoflush warnings that say nothing to a user.
@@ -84,7 +84,15 @@ class CourseTree:
                         ignore=shutil.ignore_patterns(".ipynb_checkpoints", "__pycache__"))
         self._check(self.api.generate_assignment(assignment, force=True, create=True),
                     f"generate_assignment {assignment}")
+        self._register_time_limits(assignment)
         return self.root / "release" / assignment
+
+    def _register_time_limits(self, assignment: str) -> None:
+        """Per-cell limits come from the released notebook, which students cannot change."""
+        limits = dict(self.api.config.SurvivingExecute.get("cell_timeouts", {}))
+        for notebook in self.notebooks(assignment):
+            limits.update(cell_time_limits(self.release_path(assignment, notebook), notebook, self.settings.profile))
+        self.api.config.SurvivingExecute.cell_timeouts = limits
 
     @staticmethod
     def _check(result: dict, what: str) -> None:

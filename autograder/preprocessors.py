@@ -7,7 +7,7 @@ import re
 from nbclient.exceptions import DeadKernelError
 from nbformat.notebooknode import NotebookNode, from_dict
 from nbgrader.preprocessors import Execute, NbGraderPreprocessor
-from traitlets import Unicode
+from traitlets import Dict, Unicode
 
 HIDDEN_BEGIN = "### BEGIN HIDDEN TESTS"
 HIDDEN_END = "### END HIDDEN TESTS"
@@ -35,10 +35,17 @@ class SurvivingExecute(Execute):
     """
 
     death_reason = Unicode("")
+    cell_timeouts = Dict({}, help="'notebook/grade_id' -> seconds: per-cell limits from the released "
+                                  "notebook (a training cell needs minutes); others use `timeout`.").tag(config=True)
 
     def preprocess(self, nb, resources=None, km=None):
         self.death_reason = ""
         return super().preprocess(nb, resources, km)
+
+    def _limit_for(self, cell, resources) -> int | None:
+        notebook = (resources or {}).get("nbgrader", {}).get("notebook", "")
+        grade_id = cell.metadata.get("nbgrader", {}).get("grade_id")
+        return self.cell_timeouts.get(f"{notebook}/{grade_id}") if grade_id else None
 
     def preprocess_cell(self, cell, resources, index):
         if cell.cell_type != "code":
@@ -46,7 +53,10 @@ class SurvivingExecute(Execute):
         if self.death_reason:
             cell.outputs = [_error_output(NOT_RUN, f"not run: {self.death_reason}")]
             return cell, resources
+        default, special = self.timeout, self._limit_for(cell, resources)
         try:
+            if special:
+                self.timeout = int(special)
             return super().preprocess_cell(cell, resources, index)
         except DeadKernelError as err:
             grade_id = cell.metadata.get("nbgrader", {}).get("grade_id", f"cell {index}")
@@ -55,6 +65,8 @@ class SurvivingExecute(Execute):
             cell.outputs.append(_error_output(KERNEL_DIED, self.death_reason))
             resources.setdefault("course", {})["kernel_died"] = self.death_reason
             return cell, resources
+        finally:
+            self.timeout = default
 
 
 class StderrIsNotFailure(NbGraderPreprocessor):
@@ -101,3 +113,22 @@ class HideHiddenTests(NbGraderPreprocessor):
                     kept.append(_error_output(output.ename, output.evalue))
             cell.outputs = kept
         return cell, resources
+
+
+def cell_time_limits(notebook_path, notebook_name: str, profile: str) -> dict[str, int]:
+    """Per-cell limits declared in a released notebook's metadata for one profile.
+
+    A cell declares ``{"course": {"timeout": {"smoke": 120, "cpu": 900, "gpu": 900}}}`` or a
+    plain number of seconds for every profile.
+    """
+    import nbformat
+
+    limits = {}
+    for cell in nbformat.read(notebook_path, as_version=4).cells:
+        grade_id = cell.get("metadata", {}).get("nbgrader", {}).get("grade_id")
+        declared = cell.get("metadata", {}).get("course", {}).get("timeout")
+        if grade_id and declared is not None:
+            seconds = declared.get(profile) if isinstance(declared, dict) else declared
+            if seconds:
+                limits[f"{notebook_name}/{grade_id}"] = int(seconds)
+    return limits

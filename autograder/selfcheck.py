@@ -33,7 +33,12 @@ def run_visible_tests(path: Path, settings: GradingSettings) -> list[CellResult]
         raise FileNotFoundError(f"No notebook at {path}")
     settings.apply_to_environment()
     nb = nbformat.read(path, as_version=4)
-    client = NotebookClient(nb, timeout=settings.cell_timeout, allow_errors=True,
+    def limit(cell) -> int:
+        declared = cell.get("metadata", {}).get("course", {}).get("timeout")
+        seconds = declared.get(settings.profile) if isinstance(declared, dict) else declared
+        return int(seconds or settings.cell_timeout)
+
+    client = NotebookClient(nb, timeout=settings.cell_timeout, timeout_func=limit, allow_errors=True,
                             kernel_name="python3", resources={"metadata": {"path": str(path.parent)}})
     client.execute()
     results = []

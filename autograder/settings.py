@@ -9,6 +9,8 @@ from pathlib import Path
 
 DEVICE_ENV = "COURSE_DEVICE"          # read by course.device inside the kernel
 TIMEOUT_ENV = "COURSE_CELL_TIMEOUT"   # seconds per cell
+PROFILE_ENV = "COURSE_PROFILE"        # capstone budgets: smoke, cpu or gpu
+PROFILES = ("smoke", "cpu", "gpu")
 DEFAULT_TIMEOUT = 300
 COURSE_ID = "transformers-by-building"
 
@@ -28,14 +30,21 @@ def repo_root(start: Path | None = None) -> Path:
 
 @dataclass(frozen=True)
 class GradingSettings:
-    """What reaches the kernel: the device name and the per-cell time limit in seconds."""
+    """What reaches the kernel: the device, the default per-cell time limit in seconds, and
+    the capstone profile. Cells may carry their own limit per profile (cell metadata
+    ``course.timeout``), read from the released notebook, never from the submission."""
 
     device: str = "cpu"
     cell_timeout: int = DEFAULT_TIMEOUT
+    profile: str = "cpu"
 
     @classmethod
-    def from_env(cls, device: str | None = None, cell_timeout: int | None = None) -> "GradingSettings":
-        """CLI values win; then the environment; then the defaults (CPU, 300 s)."""
+    def from_env(cls, device: str | None = None, cell_timeout: int | None = None,
+                 profile: str | None = None) -> "GradingSettings":
+        """CLI values win; then the environment; then the defaults (CPU, 300 s, cpu profile)."""
+        profile = (profile or os.environ.get(PROFILE_ENV) or "cpu").strip().lower()
+        if profile not in PROFILES:
+            raise ValueError(f"profile must be one of {', '.join(PROFILES)}, not {profile!r}")
         device = device or os.environ.get(DEVICE_ENV) or "cpu"
         if device not in ("cpu", "auto") and not device.startswith("cuda"):
             raise ValueError(f"device must be cpu, cuda, cuda:N or auto, not {device!r}")
@@ -47,7 +56,7 @@ class GradingSettings:
                 raise ValueError(f"{TIMEOUT_ENV}={raw!r} is not a whole number of seconds") from None
         if cell_timeout <= 0:
             raise ValueError(f"the cell time limit must be positive, not {cell_timeout}")
-        return cls(device=device, cell_timeout=cell_timeout)
+        return cls(device=device, cell_timeout=cell_timeout, profile=profile)
 
     def apply_to_environment(self) -> None:
         """Kernels inherit this process's environment: put the settings there.
@@ -57,6 +66,7 @@ class GradingSettings:
         """
         os.environ[DEVICE_ENV] = self.device
         os.environ[TIMEOUT_ENV] = str(self.cell_timeout)
+        os.environ[PROFILE_ENV] = self.profile
         bindir = str(Path(sys.executable).parent)
         if os.environ.get("PATH", "").split(os.pathsep)[0] != bindir:
             os.environ["PATH"] = bindir + os.pathsep + os.environ.get("PATH", "")

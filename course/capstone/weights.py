@@ -18,12 +18,13 @@ FACTORIES = {"lm": "build_lm", "g2p": "build_g2p", "cls": "build_classifier"}
 
 
 def answer_sources(folder: Path) -> list[str]:
-    """Sources of the answer cells of the (single) notebook in ``folder``."""
+    """Sources of the set-up cell and the answer cells of the (single) notebook in ``folder``."""
     notebooks = sorted(p for p in Path(folder).glob("*.ipynb") if not p.name.startswith("."))
     sources = []
     for path in notebooks[:1]:
         for cell in nbformat.read(path, as_version=4).cells:
-            if cell.get("metadata", {}).get("nbgrader", {}).get("solution"):
+            meta = cell.get("metadata", {}).get("nbgrader", {})
+            if meta.get("solution") or meta.get("grade_id") == "setup":
                 sources.append(cell.source)
     return sources
 
@@ -45,13 +46,19 @@ def load_checkpoint(path: Path) -> dict:
     return torch.load(Path(path), map_location="cpu", weights_only=True)
 
 
-def rebuild(checkpoint: dict, vocab_sizes: dict[str, int]) -> torch.nn.Module:
-    """Run the saved answer code in a fresh namespace and rebuild the model with its weights."""
-    from .profiles import PROFILES
-
+def load_namespace(checkpoint: dict) -> dict:
+    """Run the saved set-up and answer code in a fresh namespace; return the namespace."""
     namespace: dict = {"__name__": "course_capstone_checkpoint"}
     for source in checkpoint["sources"]:
-        exec(compile(source, "<answer cell>", "exec"), namespace)
+        exec(compile(source, "<saved cell>", "exec"), namespace)
+    return namespace
+
+
+def rebuild(checkpoint: dict, vocab_sizes: dict[str, int], namespace: dict | None = None) -> torch.nn.Module:
+    """Rebuild the model from the saved code with the task's factory, and load its weights."""
+    from .profiles import PROFILES
+
+    namespace = namespace if namespace is not None else load_namespace(checkpoint)
     factory = namespace.get(FACTORIES[checkpoint["task"]])
     if factory is None:
         raise KeyError(f"the saved code defines no {FACTORIES[checkpoint['task']]}()")

@@ -6,14 +6,15 @@ solution (markers removed), optionally with one answer mutated into a common mis
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from pathlib import Path
 
 import nbformat
 
+from autograder.extract import strip_markers
+
 ROOT = Path(__file__).resolve().parents[1]
-_MARKER = re.compile(r"^[ \t]*### (BEGIN|END) SOLUTION[^\n]*\n", re.MULTILINE)
+
 
 
 def grade_id(cell) -> str | None:
@@ -23,7 +24,7 @@ def grade_id(cell) -> str | None:
 def solution_answers(assignment: str) -> dict[str, str]:
     """grade_id -> answer code (markers stripped) for every answer cell of the solution."""
     nb = nbformat.read(ROOT / "solutions" / assignment / f"{assignment}.ipynb", as_version=4)
-    return {grade_id(c): _MARKER.sub("", c.source) for c in nb.cells
+    return {grade_id(c): strip_markers(c.source) for c in nb.cells
             if c.get("metadata", {}).get("nbgrader", {}).get("solution")}
 
 

@@ -47,14 +47,10 @@ def run_tests(assignment: str, answers: dict[str, str], with_timed: bool = False
     return results
 
 
-def _slow_if_timed(assignment: str):
-    timed = any(_timed(c) for c in _code_cells(assignment))
-    return pytest.param(assignment, marks=pytest.mark.slow) if timed else assignment
-
-
-@pytest.mark.parametrize("assignment", [_slow_if_timed(a) for a in assignments()])
+@pytest.mark.parametrize("assignment", assignments())
 def test_solution_passes_every_test_cell(assignment):
-    results = run_tests(assignment, solution_answers(assignment), with_timed=True)
+    # Training and scoring cells are run by the end-to-end grading tests.
+    results = run_tests(assignment, solution_answers(assignment))
     assert results, "no test cells found"
     assert not {k: repr(v) for k, v in results.items() if v is not None}
 

@@ -504,6 +504,8 @@ def _check_rope(apply_fn: Callable, name: str, pairing: str, hidden: bool) -> No
         expect_tensor(got, shape, label)
         want = _rope64(x, positions, base, pairing)
         if _matches(got, want, atol=2e-5):
+            expect_close(got.double().norm(dim=-1), x.double().norm(dim=-1), f"the norms of {label}",
+                         "a rotation keeps the length of every vector.", atol=1e-4)
             continue
         default = ("rotate pair j by the angle position * theta_j with theta_j = base^(-2j/d_head); "
                    + ("pairs are (j, j + d_head/2): x * cos + rotate_half(x) * sin with cos/sin of "

@@ -381,7 +381,7 @@ def _trained(model, exercises: str):
     return model
 
 
-def grade_lm(model, generate) -> float:
+def grade_lm(model, generate) -> None:
     model = _trained(model, "1-3")
     profile, device = current_profile(), get_device()
     cfg = profile.lm
@@ -396,7 +396,6 @@ def grade_lm(model, generate) -> float:
     print(f"saved {path}")
     _result("held-out loss (nats/char)", loss, profile.thresholds.lm_max_val_loss, "lower",
             f"unigram baseline {base:.3f}")
-    return loss
 
 
 def g2p_predictions(model, greedy_decode, beam_search, words, beam_words, beam_size, device):
@@ -412,7 +411,7 @@ def g2p_predictions(model, greedy_decode, beam_search, words, beam_words, beam_s
     return greedy, beam
 
 
-def grade_g2p(model, greedy_decode, beam_search) -> tuple[float, float]:
+def grade_g2p(model, greedy_decode, beam_search) -> None:
     from ..data.cmudict import load_g2p
 
     model = _trained(model, "4-5")
@@ -433,7 +432,6 @@ def grade_g2p(model, greedy_decode, beam_search) -> tuple[float, float]:
     _result(f"phoneme error rate on {len(words)} held-out words", per, profile.thresholds.g2p_max_per, "lower",
             "copying nothing scores 1.0")
     _result("word error rate", wer, profile.thresholds.g2p_max_wer, "lower", "trivial baseline 1.0")
-    return per, wer
 
 
 def classifier_predictions(model, ids: torch.Tensor, device) -> torch.Tensor:
@@ -442,7 +440,7 @@ def classifier_predictions(model, ids: torch.Tensor, device) -> torch.Tensor:
         return torch.cat([model(ids[i:i + 256].to(device)).argmax(-1).cpu() for i in range(0, len(ids), 256)])
 
 
-def grade_classifier(model) -> float:
+def grade_classifier(model) -> None:
     model = _trained(model, "6")
     profile, device = current_profile(), get_device()
     cfg = profile.cls
@@ -456,4 +454,3 @@ def grade_classifier(model) -> float:
     print(f"saved {save_checkpoint(model, 'cls', profile.name, CHECKPOINTS / 'cls.pt')}")
     _result("held-out genre accuracy", acc, profile.thresholds.cls_min_accuracy, "higher",
             f"majority class {majority:.3f}")
-    return acc

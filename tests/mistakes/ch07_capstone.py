@@ -23,7 +23,7 @@ MISTAKES = [
             "    decay = {id(p) for p in params}\n    return [{\"params\": [p for p in params if id(p) in decay], \"weight_decay\": weight_decay},",
             ("ex2_visible", "ex2_hidden"), "are in the decayed group"),
     Mistake("no_grad_clipping", "ex2_answer", "        torch.nn.utils.clip_grad_norm_(model.parameters(), clip)\n", "",
-            ("ex2_visible", "ex2_hidden"), "gradients were not clipped", e2e=True),
+            ("ex2_visible", "ex2_hidden"), "gradients were not clipped"),
     Mistake("no_zero_grad", "ex2_answer", "        opt.zero_grad(set_to_none=True)\n", "",
             ("ex2_visible", "ex2_hidden"), "gradients accumulate"),
     Mistake("generate_no_crop", "ex3_answer", "model(ids[:, -block_size:])", "model(ids)",

@@ -1,0 +1,29 @@
+"""Code cells of a solution notebook as plain Python, markers removed.
+
+Used by the benchmarks (to train the reference solution outside a notebook) and by the
+tests (to build student submissions from the solution).
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import nbformat
+
+_MARKER = re.compile(r"^[ \t]*### (BEGIN|END) SOLUTION[^\n]*\n", re.MULTILINE)
+
+
+def strip_markers(source: str) -> str:
+    return _MARKER.sub("", source)
+
+
+def solution_namespace(notebook: Path, cell_ids: set[str] | None = None) -> dict:
+    """Execute the set-up cell and the answer cells (or ``cell_ids``) in a fresh namespace."""
+    namespace: dict = {"__name__": "__main__"}
+    for cell in nbformat.read(Path(notebook), as_version=4).cells:
+        meta = cell.get("metadata", {}).get("nbgrader", {})
+        wanted = meta.get("grade_id") in cell_ids if cell_ids else (meta.get("solution") or meta.get("grade_id") == "setup")
+        if cell.cell_type == "code" and wanted:
+            exec(compile(strip_markers(cell.source), meta.get("grade_id", "cell"), "exec"), namespace)
+    return namespace

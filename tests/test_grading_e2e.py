@@ -205,3 +205,31 @@ def test_stderr_warning_in_a_correct_answer_costs_nothing(batch):
     assert float(row["score"]) == float(row["max_score"]), row
     text = "".join(o.get("text", "") for c in autograded(out, "stderr_warning").cells for o in c.get("outputs", []))
     assert "[stderr]" in text and "harmless warning" in text
+
+
+# ------------------------------------------------------------------ the capstone
+
+CAPSTONE = "ch07_capstone"
+
+
+def test_capstone_runs_in_the_profile_the_grader_chose(reference_grades):
+    nb = autograded(reference_grades["solutions"][1], "solutions", CAPSTONE)
+    setup = next(c for c in nb.cells if grade_id(c) == "setup")
+    assert "profile smoke" in "".join(o.get("text", "") for o in setup.outputs)
+
+
+@pytest.mark.parametrize("task,metric", [("lm", "test_loss"), ("g2p", "per"), ("cls", "accuracy")])
+def test_capstone_checkpoints_are_rescored_outside_the_notebook(reference_grades, task, metric):
+    from course.capstone.profiles import PROFILES
+
+    folder = reference_grades["solutions"][1] / "nbgrader" / "autograded" / "solutions" / CAPSTONE
+    checkpoint = folder / "capstone_checkpoints" / f"{task}.pt"
+    assert checkpoint.is_file()
+    done = subprocess.run([sys.executable, "-m", "course.capstone.evaluate", str(checkpoint)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=600,
+                          env={**__import__("os").environ, "COURSE_DEVICE": "cpu"})
+    assert done.returncode == 0, done.stderr
+    value = float(done.stdout.split(metric)[1].split(",")[0])
+    limits = PROFILES["smoke"].thresholds
+    bound = {"test_loss": limits.lm_max_val_loss, "per": limits.g2p_max_per}.get(metric)
+    assert (value <= bound) if bound else (value >= limits.cls_min_accuracy), done.stdout

@@ -78,13 +78,12 @@ def run_task(ns: dict, task: str, variant: str, seed: int, device: torch.device)
         sample = ns["generate"](model, torch.tensor([tok.encode("ROMEO:\n")], device=device), 300, cfg.block_size,
                                 0.8, 20, torch.Generator().manual_seed(seed))
         result["extras"] = {"sample": tok.decode(sample[0].tolist()),
-                            "unigram_loss": metrics.unigram_loss(ids, data.lm_ids("test")[: cfg.eval_tokens],
-                                                                 tok.vocab_size)}
+                            "unigram_loss": metrics.unigram_loss(ids, data.lm_ids("test"), tok.vocab_size)}
     elif task == "g2p":
         from course.data.cmudict import load_g2p
 
         test = load_g2p("test")
-        words = list(test)[: cfg.eval_words]
+        words = data.g2p_eval_words(cfg.eval_words)
         greedy, beam = g2p_predictions(model, ns["greedy_decode"], ns["beam_search"], words, cfg.beam_words,
                                        cfg.beam_size, device)
         per, wer = metrics.g2p_error_rates(greedy, test)

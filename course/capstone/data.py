@@ -98,6 +98,14 @@ def g2p_pairs(split: str) -> tuple[tuple[str, tuple[str, ...]], ...]:
     return tuple((w, p) for w, prons in load_g2p(split).items() for p in prons)
 
 
+def g2p_eval_words(n: int) -> list[str]:
+    """``n`` test words in a fixed pseudo-random order (md5 of the word), not alphabetical."""
+    import hashlib
+
+    words = sorted(load_g2p("test"), key=lambda w: hashlib.md5(("eval:" + w).encode()).hexdigest())
+    return words[:n]
+
+
 def pad(seqs: list[list[int]]) -> torch.Tensor:
     """Right-pad with PAD: (B, max_len)."""
     width = max(len(s) for s in seqs)

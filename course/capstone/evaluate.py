@@ -36,7 +36,7 @@ def evaluate(path: Path) -> dict[str, float]:
         namespace = load_namespace(ckpt)
         model = rebuild(ckpt, {"src_vocab": len(data.SRC_VOCAB), "tgt_vocab": len(data.TGT_VOCAB)}, namespace)
         test = load_g2p("test")
-        words = list(test)[: profile.g2p.eval_words]
+        words = data.g2p_eval_words(profile.g2p.eval_words)
         preds = {}
         namespace_greedy = namespace["greedy_decode"]
         for i in range(0, len(words), 256):

@@ -13,12 +13,14 @@ import torch.nn.functional as F
 @torch.no_grad()
 def lm_loss(model: torch.nn.Module, ids: torch.Tensor, block_size: int, max_tokens: int,
             device: torch.device, batch_size: int = 32) -> float:
-    """Mean next-character cross-entropy (nats) over the first ``max_tokens`` of ``ids``,
-    in non-overlapping windows of ``block_size``. ``model(x (B, T)) -> logits (B, T, V)``."""
+    """Mean next-character cross-entropy (nats) over about ``max_tokens`` characters of
+    ``ids``: windows of ``block_size`` spread evenly over the whole text (both test plays,
+    not just the start of one). ``model(x (B, T)) -> logits (B, T, V)``."""
     model.eval()
     n_windows = max(1, min(max_tokens, len(ids) - 1) // block_size)
-    xs = ids[: n_windows * block_size].view(n_windows, block_size)
-    ys = ids[1: n_windows * block_size + 1].view(n_windows, block_size)
+    starts = torch.linspace(0, len(ids) - block_size - 1, n_windows).long()
+    xs = torch.stack([ids[s:s + block_size] for s in starts.tolist()])
+    ys = torch.stack([ids[s + 1:s + 1 + block_size] for s in starts.tolist()])
     total, count = 0.0, 0
     for i in range(0, n_windows, batch_size):
         x, y = xs[i:i + batch_size].to(device), ys[i:i + batch_size].to(device)

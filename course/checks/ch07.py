@@ -388,7 +388,7 @@ def grade_lm(model, generate) -> None:
     model = model.to(device)
     loss = metrics.lm_loss(model, data.lm_ids("test"), cfg.block_size, cfg.eval_tokens, device)
     tok = data.char_tokenizer()
-    base = metrics.unigram_loss(data.lm_ids("train"), data.lm_ids("test")[: cfg.eval_tokens], tok.vocab_size)
+    base = metrics.unigram_loss(data.lm_ids("train"), data.lm_ids("test"), tok.vocab_size)
     path = save_checkpoint(model, "lm", profile.name, CHECKPOINTS / "lm.pt")
     sample = generate(model, torch.tensor([tok.encode("ROMEO:\n")], device=device), 200, cfg.block_size, 0.8, 20,
                       generator(0))
@@ -419,7 +419,7 @@ def grade_g2p(model, greedy_decode, beam_search) -> None:
     cfg = profile.g2p
     model = model.to(device).eval()
     test = load_g2p("test")
-    words = list(test)[: cfg.eval_words]
+    words = data.g2p_eval_words(cfg.eval_words)
     greedy, beam = g2p_predictions(model, greedy_decode, beam_search, words, cfg.beam_words, cfg.beam_size, device)
     per, wer = metrics.g2p_error_rates(greedy, test)
     bper, bwer = metrics.g2p_error_rates(beam, test)

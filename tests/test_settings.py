@@ -13,15 +13,18 @@ from course.device import get_device
 def test_cli_beats_environment_beats_default(monkeypatch):
     monkeypatch.delenv("COURSE_DEVICE", raising=False)
     monkeypatch.delenv("COURSE_CELL_TIMEOUT", raising=False)
-    assert GradingSettings.from_env() == GradingSettings("cpu", 300)
+    monkeypatch.delenv("COURSE_PROFILE", raising=False)
+    assert GradingSettings.from_env() == GradingSettings("cpu", 300, "cpu")
     monkeypatch.setenv("COURSE_DEVICE", "cuda")
     monkeypatch.setenv("COURSE_CELL_TIMEOUT", "42")
-    assert GradingSettings.from_env() == GradingSettings("cuda", 42)
-    assert GradingSettings.from_env(device="cpu", cell_timeout=7) == GradingSettings("cpu", 7)
+    monkeypatch.setenv("COURSE_PROFILE", "gpu")
+    assert GradingSettings.from_env() == GradingSettings("cuda", 42, "gpu")
+    assert GradingSettings.from_env(device="cpu", cell_timeout=7, profile="smoke") == GradingSettings("cpu", 7, "smoke")
 
 
 @pytest.mark.parametrize("env,message", [({"COURSE_CELL_TIMEOUT": "soon"}, "whole number"),
-                                         ({"COURSE_DEVICE": "tpu"}, "device must be")])
+                                         ({"COURSE_DEVICE": "tpu"}, "device must be"),
+                                         ({"COURSE_PROFILE": "huge"}, "profile must be")])
 def test_bad_settings_are_named(monkeypatch, env, message):
     for key, value in env.items():
         monkeypatch.setenv(key, value)

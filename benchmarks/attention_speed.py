@@ -27,7 +27,9 @@ are compared at every length (max |difference| against sdpa); nothing here asser
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
+import os
 import statistics
 import sys
 import time
@@ -43,19 +45,21 @@ def naive_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.
 
 
 def tiled_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_size: int = 256) -> torch.Tensor:
+    """Online softmax over key blocks; the running statistics are float32, as in fused kernels."""
     scale = 1 / math.sqrt(q.shape[-1])
-    m = torch.full((*q.shape[:-1], 1), float("-inf"), dtype=q.dtype, device=q.device)  # (B, n_heads, L, 1)
+    stats = dict(dtype=torch.float32, device=q.device)
+    m = torch.full((*q.shape[:-1], 1), float("-inf"), **stats)                        # (B, n_heads, L, 1)
     l = torch.zeros_like(m)
-    acc = torch.zeros_like(q[..., :1]).expand(*q.shape[:-1], v.shape[-1]).contiguous()  # (B, n_heads, L, d_head)
+    acc = torch.zeros((*q.shape[:-1], v.shape[-1]), **stats)                           # (B, n_heads, L, d_head)
     for start in range(0, k.shape[-2], block_size):
-        s = (q @ k[..., start:start + block_size, :].transpose(-2, -1)) * scale           # (B, n_heads, L, block)
+        s = (q @ k[..., start:start + block_size, :].transpose(-2, -1)).float() * scale   # (B, n_heads, L, block)
         m_new = torch.maximum(m, s.amax(dim=-1, keepdim=True))
         p = torch.exp(s - m_new)
         correction = torch.exp(m - m_new)
         l = l * correction + p.sum(dim=-1, keepdim=True)
-        acc = acc * correction + p @ v[..., start:start + block_size, :]
+        acc = acc * correction + (p.to(v.dtype) @ v[..., start:start + block_size, :]).float()
         m = m_new
-    return acc / l
+    return (acc / l).to(q.dtype)
 
 
 def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
@@ -80,12 +84,29 @@ def median_time(fn: Callable[[], torch.Tensor], device: torch.device, repeats: i
     return statistics.median(times)
 
 
+@contextlib.contextmanager
+def _quiet_stderr():
+    """The profiler's tracing backend prints status lines straight to file descriptor 2; hide them."""
+    try:
+        saved = os.dup(2)
+    except OSError:
+        yield
+        return
+    with open(os.devnull, "w") as devnull:
+        os.dup2(devnull.fileno(), 2)
+        try:
+            yield
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+
+
 def cpu_peak_bytes(fn: Callable[[], torch.Tensor]) -> int:
     """Peak of the bytes allocated (minus freed) during one call, from torch.profiler's memory events."""
     from torch._C._profiler import _EventType
     from torch.profiler import ProfilerActivity, profile
 
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+    with _quiet_stderr(), profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         out = fn()
         del out
     events: list[tuple[int, int]] = []
@@ -136,7 +157,9 @@ def run(args: argparse.Namespace) -> list[dict]:
                     seconds = median_time(fn, device, args.repeats)
                     peak = cuda_peak_bytes(fn, device) if device.type == "cuda" else cpu_peak_bytes(fn)
                     outputs[name] = fn().float()
-            except torch.OutOfMemoryError:
+            except (torch.cuda.OutOfMemoryError, RuntimeError) as err:
+                if not isinstance(err, torch.cuda.OutOfMemoryError) and "memory" not in str(err).lower():
+                    raise
                 rows.append(dict(L=L, method=name, seconds=None, peak=None, time_ratio=None, mem_ratio=None, diff=None))
                 if device.type == "cuda":
                     torch.cuda.empty_cache()

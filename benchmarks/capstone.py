@@ -81,9 +81,13 @@ def main() -> int:
         out = ROOT / "benchmarks" / "results" / f"capstone_{args.profile}.json"
         out.parent.mkdir(parents=True, exist_ok=True)
         summary = [{k: v for k, v in r.items() if k not in ("curve", "extras")} for r in rows]
+        # Tasks not run this time keep their earlier results, so tasks can be measured one at a time.
+        old = json.loads(out.read_text()) if out.exists() else {"runs": [], "details": {}}
+        runs = [r for r in old["runs"] if r["task"] not in args.tasks] + summary
+        kept = {t: d for t, d in old["details"].items() if t not in args.tasks}
         out.write_text(json.dumps({"profile": args.profile, "device": args.device, "torch": torch.__version__,
-                                   "runs": summary, "details": {t: {"curve": d["curve"], **d["extras"]}
-                                                                for t, d in details.items()}}, indent=1))
+                                   "runs": runs, "details": {**kept, **{t: {"curve": d["curve"], **d["extras"]}
+                                                                        for t, d in details.items()}}}, indent=1))
         print(f"wrote {out.relative_to(ROOT)}")
     return 0
 

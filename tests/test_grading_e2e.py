@@ -12,7 +12,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from mistakes import all_mistakes, assignments, mistakes_for
+from mistakes import assignments, e2e_mistakes, mistakes_for
 from notebook_tools import ROOT, grade_id, solution_answers, student_notebook, write_notebook
 
 pytestmark = pytest.mark.slow
@@ -120,7 +120,7 @@ def _bad_submissions(root: Path, answers: dict[str, str]) -> None:
 
 
 MISTAKES_BY_NAME = {m.name: m for m in mistakes_for(ASSIGNMENT)}
-ALL_MISTAKES = [(a, m) for a, m in all_mistakes() if m.e2e]
+ALL_MISTAKES = e2e_mistakes()
 
 
 def _student(assignment: str, mistake) -> str:

@@ -85,7 +85,7 @@ PROFILES: dict[str, Profile] = {
                           eval_words=200, beam_words=20, beam_size=3),
         cls=ClassifierConfig(d_model=64, n_layers=1, n_heads=4, passage_chars=256, max_words=64, batch_size=32,
                              steps=300, lr=3e-3, warmup_steps=30),
-        thresholds=Thresholds(lm_max_val_loss=2.9, g2p_max_per=0.70, g2p_max_wer=1.0, cls_min_accuracy=0.32),
+        thresholds=Thresholds(lm_max_val_loss=2.8, g2p_max_per=0.35, g2p_max_wer=0.85, cls_min_accuracy=0.6),
     ),
     "cpu": Profile(
         name="cpu",

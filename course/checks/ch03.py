@@ -157,7 +157,7 @@ def check_softmax(softmax, hidden: bool = False) -> None:
 # ----------------------------------------------------------------------------- exercise 2
 
 
-def _attention_ref(q, k, v, mask=None, scale="sqrt", softmax_dim=-1, invert=False):
+def _attention_ref(q, k, v, mask=None, scale="sqrt", softmax_dim=-1, invert=False, mask_scores=True):
     """The contract in float64; variants reproduce common bugs for diagnosis."""
     q, k, v = (t.detach().to(torch.float64) for t in (q, k, v))
     d_k = q.shape[-1]
@@ -165,7 +165,8 @@ def _attention_ref(q, k, v, mask=None, scale="sqrt", softmax_dim=-1, invert=Fals
     scores = q @ k.transpose(-2, -1) * factor
     if mask is not None:
         allowed = ~mask if invert else mask
-        scores = scores.masked_fill(~allowed, torch.finfo(torch.float64).min)
+        if mask_scores:
+            scores = scores.masked_fill(~allowed, torch.finfo(torch.float64).min)
     weights = torch.softmax(scores, dim=softmax_dim)
     if mask is not None:
         weights = weights.masked_fill(~allowed, 0.0)
@@ -187,6 +188,9 @@ def _diagnose_attention(got_w, q, k, v, mask) -> str | None:
         _, w = _attention_ref(q, k, v, mask, scale, dim, invert)
         if _same(got_w, w, atol=1e-4, rtol=1e-4):
             return hint
+    if mask is not None and _same(got_w, _attention_ref(q, k, v, mask, mask_scores=False)[1], 1e-4, 1e-4):
+        return ("the mask was applied only after the softmax: zeroing weights afterwards leaves rows that no longer "
+                "sum to 1. Fill the masked scores (masked_fill(~mask, torch.finfo(dtype).min)) before the softmax.")
     return None
 
 
@@ -365,7 +369,7 @@ def _lin(x, params):
 
 
 def _mha_ref(module, x_q, x_kv, mask, n_heads, n_kv_heads=None, wrong_split="", merge=True, scale="d_head",
-             out_proj=True, kv_from_q=False, grouping="interleave"):
+             out_proj=True, kv_from_q=False, grouping="interleave", use_mask=True):
     """Multi-head (or grouped-query) attention in float64 from the module's own weights."""
     n_kv_heads = n_kv_heads or n_heads
     x_q = x_q.detach().to(torch.float64)
@@ -388,6 +392,7 @@ def _mha_ref(module, x_q, x_kv, mask, n_heads, n_kv_heads=None, wrong_split="", 
         else:
             k, v = k.repeat(1, group, 1, 1), v.repeat(1, group, 1, 1)
     scores = q @ k.transpose(-2, -1) / math.sqrt(d_head if scale == "d_head" else d_model)
+    mask = mask if use_mask else None
     if mask is not None:
         scores = scores.masked_fill(~mask, torch.finfo(torch.float64).min)
     weights = torch.softmax(scores, dim=-1)
@@ -411,6 +416,8 @@ def _diagnose_mha(got, module, x_q, x_kv, mask, n_heads, n_kv_heads=None) -> str
         (dict(scale="d_model"), "the scores were divided by sqrt(d_model); each head has d_head = d_model // n_heads "
          "features, so divide by sqrt(d_head)."),
         (dict(out_proj=False), "out_proj was not applied: the merged heads go through self.out_proj."),
+        (dict(use_mask=False), "the mask was ignored: pass it on to the attention of every head "
+         "(scaled_dot_product_attention(q, k, v, mask))."),
         (dict(kv_from_q=True), "keys and values must come from x_kv in cross-attention: k_proj(x_kv) and v_proj(x_kv); "
          "only the queries come from x_q."),
         (dict(grouping="tile"), "query head h must share key/value head h // (n_heads // n_kv_heads): "
@@ -419,7 +426,7 @@ def _diagnose_mha(got, module, x_q, x_kv, mask, n_heads, n_kv_heads=None) -> str
     for kwargs, hint in variants:
         if kwargs.get("grouping") and (n_kv_heads or n_heads) == n_heads:
             continue
-        if kwargs.get("kv_from_q") and x_kv is None:
+        if (kwargs.get("kv_from_q") and x_kv is None) or ("use_mask" in kwargs and mask is None):
             continue
         try:
             want = _mha_ref(module, x_q, x_kv, mask, n_heads, n_kv_heads, **kwargs)
@@ -634,8 +641,10 @@ def check_sliding_window_mask(sliding_window_mask, hidden: bool = False) -> None
 # ----------------------------------------------------------------------------- exercise 7
 
 
-def _linear_ref(q, k, v, causal, feature=lambda x: F.elu(x) + 1, normalise=True):
+def _linear_ref(q, k, v, causal, feature=lambda x: F.elu(x) + 1, normalise=True, scale_q=False):
     q, k, v = (t.detach().to(torch.float64) for t in (q, k, v))
+    if scale_q:
+        q = q / math.sqrt(q.shape[-1])
     fq, fk = feature(q), feature(k)
     a = fq @ fk.transpose(-2, -1)                     # (..., T, T), only for the oracle
     if causal:
@@ -676,6 +685,9 @@ def check_linear_attention(linear_attention, hidden: bool = False) -> None:
                             "normaliser cannot be zero or negative.")
                 elif _same(got, _linear_ref(q, k, v, causal, feature=torch.relu), 1e-5, 1e-4):
                     hint = "the feature map is phi(x) = elu(x) + 1, not relu."
+                elif _same(got, _linear_ref(q, k, v, causal, scale_q=True), 1e-5, 1e-4):
+                    hint = ("linear attention here has no 1/sqrt(d_k) scale: apply phi to q and k as they are "
+                            "(the normaliser already makes the weights sum to 1).")
                 else:
                     hint = ("out_i = phi(q_i) . S / (phi(q_i) . z) with S = sum_j phi(k_j) v_j^T and z = sum_j phi(k_j) "
                             "(j <= i when causal), phi(x) = elu(x) + 1, applied to q and k only.")
@@ -699,10 +711,10 @@ def check_linear_attention(linear_attention, hidden: bool = False) -> None:
 # ----------------------------------------------------------------------------- exercise 8
 
 
-def _tiled_variant(q, k, v, block, rescale_sum=True, rescale_acc=True):
+def _tiled_variant(q, k, v, block, rescale_sum=True, rescale_acc=True, scaled=True):
     """Online softmax in float64, optionally without one of the two rescalings (for diagnosis)."""
     q, k, v = (t.detach().to(torch.float64) for t in (q, k, v))
-    scale = 1 / math.sqrt(q.shape[-1])
+    scale = 1 / math.sqrt(q.shape[-1]) if scaled else 1.0
     m = torch.full((*q.shape[:-1], 1), float("-inf"), dtype=torch.float64)
     l = torch.zeros_like(m)
     acc = torch.zeros((*q.shape[:-1], v.shape[-1]), dtype=torch.float64)
@@ -724,12 +736,15 @@ def check_tiled_attention(tiled_attention, hidden: bool = False) -> None:
     if hidden:
         cases += [((3, 96, 16), 96, 16, 32, 2.0), ((2, 10, 4), 70, 4, 7, 1.0), ((1, 48, 8), 48, 3, 48, 1.0),
                   ((2, 33, 8), 65, 8, 64, 1.0), ((1, 64, 8), 64, 8, 1, 2.0)]
-    cases.append(((2, 48, 8), 48, 8, 12, 6.0))   # scores in the hundreds: exp needs the running maximum
+    cases.append(((2, 48, 8), 48, 8, 12, 6.0))    # scores in the hundreds: exp needs the running maximum
+    cases.append(((2, 48, 8), 48, 8, 12, -6.0))   # ... and the largest scores come first
     for q_shape, T_k, d_v, block, spread in cases:
         kv_shape = (*q_shape[:-2], T_k, q_shape[-1])
         q = torch.randn(*q_shape, generator=g) * spread
         # Keys grow along the sequence, so that the running maximum changes from block to block.
-        k = torch.randn(*kv_shape, generator=g) * spread * torch.linspace(0.3, 1.5, kv_shape[-2]).view(-1, 1)
+        growth = torch.linspace(0.3, 1.5, T_k) if spread > 0 else torch.linspace(1.5, 0.3, T_k)
+        spread = abs(spread)
+        k = torch.randn(*kv_shape, generator=g) * spread * growth.view(-1, 1)
         v = torch.randn(*q_shape[:-2], T_k, d_v, generator=g)
         largest = _LargestTensor()
         with forbid(*_SDPA, exercise="tiled attention with an online softmax"), largest:
@@ -743,8 +758,11 @@ def check_tiled_attention(tiled_attention, hidden: bool = False) -> None:
         atol = 1e-5 * max(1.0, s_max / 20)
         if not _same(got, want, atol=atol):
             if not torch.isfinite(got).all():
-                hint = ("the output has inf/NaN: subtract the running maximum before exp (p = exp(s - m_new)); "
-                        "exp of a score near 100 overflows float32.")
+                hint = ("the output has inf/NaN: subtract the running maximum before exp, p = exp(s - m_new) with "
+                        "m_new = max(m, rowmax(s)) over all blocks so far. Without a maximum, or with only the current "
+                        "block's maximum, exp overflows float32 once scores differ by more than about 88.")
+            elif _same(got, _tiled_variant(q, k, v, T_k, scaled=False), 1e-4, 1e-4):
+                hint = "the scores were not scaled: multiply q @ k_block^T by 1/sqrt(d_k), d_k = q.shape[-1]."
             elif _same(got, _tiled_variant(q, k, v, block, rescale_sum=False), 1e-4, 1e-4):
                 hint = ("the running sum l was not rescaled: when the maximum grows from m to m_new, the old sum must "
                         "be multiplied by exp(m - m_new), like the accumulator (online softmax without rescaling the "
@@ -777,7 +795,8 @@ def check_kv_cache_bytes(kv_cache_bytes, hidden: bool = False) -> None:
     cases = [((32, 32, 128, 4096), {}, 2_147_483_648),
              ((32, 8, 128, 4096), {}, 536_870_912),
              ((32, 1, 128, 4096), {}, 67_108_864),
-             ((2, 4, 16, 10), dict(batch_size=3, dtype=torch.float64), 2 * 2 * 4 * 16 * 10 * 3 * 8)]
+             ((2, 4, 16, 10), dict(batch_size=3, dtype=torch.float64), 2 * 2 * 4 * 16 * 10 * 3 * 8),
+             ((1, 1, 64, 100), dict(dtype=torch.int8), 2 * 64 * 100)]
     if hidden:
         rng = random.Random(309)
         for dtype, size in ((torch.bfloat16, 2), (torch.float32, 4), (torch.int8, 1), (torch.float64, 8)):

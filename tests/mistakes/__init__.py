@@ -28,3 +28,15 @@ def all_mistakes() -> list[tuple[str, Mistake]]:
             raise FileNotFoundError(f"tests/mistakes/{assignment}.py is missing: every assignment needs wrong answers")
         out += [(assignment, m) for m in mistakes_for(assignment)]
     return out
+
+
+def e2e_mistakes() -> list[tuple[str, Mistake]]:
+    """The mistakes also graded through the real autograder: a module may name them in a
+    set ``E2E`` (the ones its issue lists); otherwise every mistake with ``e2e=True``.
+    In-process tests cover all of them; grading each one end to end costs a kernel run."""
+    out = []
+    for assignment, mistake in all_mistakes():
+        chosen = getattr(importlib.import_module(f"mistakes.{assignment}"), "E2E", None)
+        if mistake.e2e and (chosen is None or mistake.name in chosen):
+            out.append((assignment, mistake))
+    return out

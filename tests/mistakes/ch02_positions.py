@@ -121,3 +121,16 @@ MISTAKES = [
             "return base * scale ** (d_head / (d_head - 2))", "return base * scale",
             EX8, "d_head / (d_head - 2)"),
 ]
+
+
+# Graded end to end as well (the mistakes the issue names); all are checked in-process.
+E2E = {
+    "sin_cos_swapped",
+    "rope_pairings_mixed",
+    "positions_from_one",
+    "exponent_i_instead_of_2i",
+    "alibi_power_of_two_formula_for_any_count",
+    "interpolation_inverted",
+    "no_length_check",
+    "invariance_not_equivariance",
+}

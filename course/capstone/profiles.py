@@ -1,9 +1,11 @@
 """Training budgets and pass thresholds, one set per profile.
 
 The profile comes from the environment variable ``COURSE_PROFILE`` (``smoke``, ``cpu`` or
-``gpu``; default ``cpu``), which the autograder sets from its ``--profile`` option. Every
-threshold was set from repeated measured runs of the reference solution, with a margin;
-the measurements are in ``benchmarks/capstone_thresholds.md``.
+``gpu``; default ``cpu``), which the autograder sets from its ``--profile`` option. The
+``smoke`` and ``cpu`` thresholds were set from repeated measured runs of the reference
+solution with a stated margin (worst run + 0.2 nats of loss, + 0.10 PER, + 0.15 WER,
+- 0.12 accuracy); the measurements are in ``benchmarks/capstone_thresholds.md``. The
+``gpu`` profile has not been measured yet and borrows the ``cpu`` marks.
 """
 
 from __future__ import annotations
@@ -94,7 +96,7 @@ PROFILES: dict[str, Profile] = {
         g2p=Seq2SeqConfig(d_model=128, n_layers=2, n_heads=4, batch_size=64, steps=1200, lr=2e-3, warmup_steps=100),
         cls=ClassifierConfig(d_model=128, n_layers=2, n_heads=4, passage_chars=256, max_words=64, batch_size=32,
                              steps=600, lr=2e-3, warmup_steps=60),
-        thresholds=Thresholds(lm_max_val_loss=2.2, g2p_max_per=0.3, g2p_max_wer=0.8, cls_min_accuracy=0.6),
+        thresholds=Thresholds(lm_max_val_loss=2.13, g2p_max_per=0.24, g2p_max_wer=0.63, cls_min_accuracy=0.72),
     ),
     "gpu": Profile(
         name="gpu",
@@ -104,7 +106,9 @@ PROFILES: dict[str, Profile] = {
                           warmup_steps=200, dropout=0.1, eval_words=12_000, beam_words=2000, beam_size=5),
         cls=ClassifierConfig(d_model=256, n_layers=4, n_heads=8, passage_chars=256, max_words=64, batch_size=128,
                              steps=2000, lr=5e-4, warmup_steps=100, dropout=0.1),
-        thresholds=Thresholds(lm_max_val_loss=1.7, g2p_max_per=0.15, g2p_max_wer=0.55, cls_min_accuracy=0.5),
+        # Not yet measured on a GPU: until a GPU session measures this profile, its marks are the
+        # cpu profile's, which its larger budget must at least reach (benchmarks/capstone_thresholds.md).
+        thresholds=Thresholds(lm_max_val_loss=2.13, g2p_max_per=0.24, g2p_max_wer=0.63, cls_min_accuracy=0.72),
         use_bf16=True,
     ),
 }

@@ -36,7 +36,6 @@ class GradeRow:
     max_score: float
     status: str = "graded"          # graded | broken (scored zero, see notes)
     notes: list[str] = field(default_factory=list)
-    cells: dict[str, tuple[float, float]] = field(default_factory=dict)  # grade_id -> (score, max)
     feedback: list[Path] = field(default_factory=list)
 
     def csv_row(self) -> dict[str, object]:
@@ -139,9 +138,6 @@ class Grader:
             except MissingEntry:
                 return
             row.score = float(submission.score)
-            for notebook in submission.notebooks:
-                for grade in notebook.grades:
-                    row.cells[grade.name] = (float(grade.score), float(grade.max_score))
 
     def _note_crashes(self, row: GradeRow, notebooks: list[str]) -> None:
         """Record kernel deaths and time-outs found in the autograded notebooks."""

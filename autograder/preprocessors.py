@@ -63,7 +63,6 @@ class SurvivingExecute(Execute):
             self.death_reason = f"the kernel died while running {grade_id} ({err})"
             self.log.warning("Kernel died in %s; later cells are not run", grade_id)
             cell.outputs.append(_error_output(KERNEL_DIED, self.death_reason))
-            resources.setdefault("course", {})["kernel_died"] = self.death_reason
             return cell, resources
         finally:
             self.timeout = default

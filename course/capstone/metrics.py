@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from collections import Counter
 from typing import Callable, Sequence
 
@@ -104,6 +103,3 @@ def word_bag_baseline(train_texts, train_labels, eval_texts, n_classes: int) -> 
         preds.append(int((prior + log_like[:, idx].sum(1)).argmax()))
     return torch.tensor(preds)
 
-
-def bits(nats: float) -> float:
-    return nats / math.log(2)

@@ -302,9 +302,7 @@ class _ScriptedSeq2Seq(nn.Module):
                     probs[b, t, self.A], probs[b, t, self.B] = 0.6, 0.4
                 elif prefix == [data.BOS, self.A]:
                     probs[b, t, data.EOS], probs[b, t, self.C] = 0.55, 0.45
-                elif prefix[-1] == self.C:
-                    probs[b, t, data.EOS] = 1.0
-                else:
+                else:                                  # after B or C: end
                     probs[b, t, data.EOS] = 1.0
         return probs.log()
 

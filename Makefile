@@ -8,9 +8,17 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 export PATH := $(abspath $(VENV))/bin:$(PATH)
 
-.PHONY: env book test test-fast exercises grade check clean
+.PHONY: env sandbox book test test-fast exercises grade check clean
 
-env: $(STAMP)
+env: $(STAMP) sandbox
+
+# The grading sandbox (bubblewrap, with prlimit and setpriv from util-linux). Installed
+# with apt-get when running as root (as in CI); otherwise README says how.
+sandbox:
+	@command -v bwrap >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    apt-get install -y -qq bubblewrap >/dev/null 2>&1 || { apt-get update -qq >/dev/null && apt-get install -y -qq bubblewrap >/dev/null; }; \
+	  else echo "note: bubblewrap is not installed; grading needs it (sudo apt-get install bubblewrap) or --unsandboxed"; fi; }
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "Python 3.11 or newer is needed, this is " + sys.version' 
@@ -27,16 +35,16 @@ book: $(STAMP)
 	$(VENV)/bin/jupyter-book build . -W --keep-going
 	@echo "Open _build/html/index.html"
 
-test: $(STAMP)
+test: $(STAMP) sandbox
 	$(PY) -m pytest
 
-test-fast: $(STAMP)
+test-fast: $(STAMP) sandbox
 	$(PY) -m pytest -m "not slow"
 
 exercises: $(STAMP)
 	$(PY) -m autograder generate
 
-grade: $(STAMP)
+grade: $(STAMP) sandbox
 	@test -n "$(SUBMISSIONS)" || (echo "usage: make grade SUBMISSIONS=<dir> OUT=<dir>"; exit 2)
 	$(PY) -m autograder grade "$(SUBMISSIONS)" --out "$(or $(OUT),grading-output)"
 

@@ -6,12 +6,15 @@ import argparse
 import sys
 from pathlib import Path
 
-from .settings import (DEFAULT_TIMEOUT, DEVICE_ENV, PROFILE_ENV, PROFILES, TIMEOUT_ENV, GradingSettings,
-                       repo_root)
+from .sandbox import SandboxUnavailable
+from .settings import (DEFAULT_TIMEOUT, DEVICE_ENV, MEMORY_ENV, PROFILE_ENV, PROFILES, TIMEOUT_ENV,
+                       GradingSettings, repo_root)
 
 
 def _settings(args) -> GradingSettings:
-    return GradingSettings.from_env(device=args.device, cell_timeout=args.timeout, profile=args.profile)
+    return GradingSettings.from_env(device=args.device, cell_timeout=args.timeout, profile=args.profile,
+                                    unsandboxed=getattr(args, "unsandboxed", False),
+                                    memory_gb=getattr(args, "memory", None), seed=getattr(args, "seed", None))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -24,6 +27,14 @@ def main(argv: list[str] | None = None) -> int:
     grade = sub.add_parser("grade", help="grade <dir>/<student>/<assignment>/<notebook>.ipynb")
     grade.add_argument("submissions", type=Path)
     grade.add_argument("--out", type=Path, required=True, help="where grades.csv and feedback go")
+    grade.add_argument("--unsandboxed", action="store_true",
+                       help="grade without the sandbox (only your own notebooks: students' code then runs "
+                            "with your rights); every row is noted")
+    grade.add_argument("--memory", type=float, metavar="GIB",
+                       help=f"memory limit of each submission's kernel (default: ${MEMORY_ENV} or 4)")
+    grade.add_argument("--seed", type=int,
+                       help="seed of the hidden tests' inputs (default: drawn once per --out and kept in "
+                            "OUT/nbgrader/grading-seed); the same seed reproduces a grade")
 
     check = sub.add_parser("check", help="self-check one notebook against its visible tests")
     check.add_argument("notebook", type=Path)
@@ -61,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
             results = run_visible_tests(args.notebook, _settings(args))
             print(format_report(results))
             return 0 if results and all(r.passed for r in results) else 1
-    except (FileNotFoundError, ValueError) as err:
+    except (FileNotFoundError, ValueError, SandboxUnavailable) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     return 2

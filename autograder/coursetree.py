@@ -19,7 +19,10 @@ from nbgrader.preprocessors import (AssignLatePenalties, CheckCellMetadata, GetG
 from nbconvert.preprocessors import ClearMetadataPreprocessor, CSSHTMLHeaderPreprocessor
 from traitlets.config import Config
 
-from .preprocessors import HideHiddenTests, StderrIsNotFailure, SurvivingExecute, cell_time_limits
+from . import contract
+from .executor import CourseExecute
+from .preprocessors import HideHiddenTests, StderrIsNotFailure
+from .sandbox import Limits, Sandbox, SandboxUnavailable, available, explain_unavailable
 from .settings import COURSE_ID, GradingSettings
 
 # nbgrader's gradebook code trips SQLAlchemy 2 autoflush warnings that say nothing to a user.
@@ -38,9 +41,12 @@ def nbgrader_config(root: Path, settings: GradingSettings) -> Config:
     c.CourseDirectory.course_id = COURSE_ID
     c.ClearSolutions.code_stub = {"python": STUB}
     c.Execute.timeout = settings.cell_timeout
+    c.CourseExecute.timeout = settings.cell_timeout
+    c.CourseExecute.profile = settings.profile
+    c.CourseExecute.judge = True
     c.OverwriteCells.add_missing_cells = True
     c.Autograde.autograde_preprocessors = [
-        SurvivingExecute, StderrIsNotFailure, IgnorePattern, ClearMetadataPreprocessor,
+        CourseExecute, StderrIsNotFailure, IgnorePattern, ClearMetadataPreprocessor,
         LimitOutput, SaveAutoGrades, AssignLatePenalties, CheckCellMetadata,
     ]
     c.GenerateFeedback.preprocessors = [HideHiddenTests, GetGrades, CSSHTMLHeaderPreprocessor]
@@ -55,10 +61,44 @@ class CourseTree:
         self.solutions_dir = Path(solutions_dir)
         self.settings = settings
         settings.apply_to_environment()
+        if not settings.unsandboxed and not available():
+            raise SandboxUnavailable(
+                f"cannot grade in a sandbox: {explain_unavailable()}. To grade without one (your own "
+                "notebooks, never students'), pass --unsandboxed.")
         config = nbgrader_config(self.root, settings)
+        config.CourseExecute.grading_seed = self.grading_seed()
+        if not settings.unsandboxed:
+            config.CourseExecute.sandbox_factory = self.new_sandbox
         self.api = NbGraderAPI(coursedir=CourseDirectory(config=config), config=config)
         # nbgrader logs every copied file at INFO; keep our own output readable.
         self.api.log.setLevel(logging.WARNING)
+
+    def grading_seed(self) -> int:
+        """The seed hidden tests draw their inputs from: ``--seed``, else drawn once for this
+        output folder (kept there, so a resumed run uses the same inputs)."""
+        import secrets
+
+        path = self.root / "grading-seed"
+        if self.settings.seed is not None:
+            seed = int(self.settings.seed)
+        elif path.is_file():
+            seed = int(path.read_text().strip())
+        else:
+            seed = secrets.randbelow(2**31)
+        self.root.mkdir(parents=True, exist_ok=True)
+        path.write_text(f"{seed}\n")
+        return seed
+
+    def new_sandbox(self) -> Sandbox:
+        """A fresh sandbox for one notebook (called by the executor for each kernel)."""
+        import tempfile
+
+        import course
+
+        limits = Limits(memory_bytes=int(self.settings.memory_gb * (1 << 30)))
+        return Sandbox(Path(tempfile.mkdtemp(prefix="course-sandbox-")), Path(course.__file__).parent, limits,
+                       gpu=self.settings.device.startswith("cuda") or self.settings.device == "auto",
+                       env=self.settings.kernel_environment())
 
     @property
     def db_url(self) -> str:
@@ -89,10 +129,12 @@ class CourseTree:
 
     def _register_time_limits(self, assignment: str) -> None:
         """Per-cell limits come from the released notebook, which students cannot change."""
-        limits = dict(self.api.config.SurvivingExecute.get("cell_timeouts", {}))
+        limits = dict(self.api.config.CourseExecute.get("release_limits", {}))
         for notebook in self.notebooks(assignment):
-            limits.update(cell_time_limits(self.release_path(assignment, notebook), notebook, self.settings.profile))
-        self.api.config.SurvivingExecute.cell_timeouts = limits
+            released = contract.read(self.release_path(assignment, notebook))
+            limits.update({f"{notebook}/{gid}": sec for gid, sec in
+                           contract.time_limits(released, self.settings.profile).items()})
+        self.api.config.CourseExecute.release_limits = limits
 
     @staticmethod
     def _check(result: dict, what: str) -> None:

@@ -9,7 +9,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-import nbformat
+from . import contract
+from .contract import Role
 
 _MARKER = re.compile(r"^[ \t]*### (BEGIN|END) SOLUTION[^\n]*\n", re.MULTILINE)
 
@@ -21,9 +22,9 @@ def strip_markers(source: str) -> str:
 def solution_namespace(notebook: Path, cell_ids: set[str] | None = None) -> dict:
     """Execute the set-up cell and the answer cells (or ``cell_ids``) in a fresh namespace."""
     namespace: dict = {"__name__": "__main__"}
-    for cell in nbformat.read(Path(notebook), as_version=4).cells:
-        meta = cell.get("metadata", {}).get("nbgrader", {})
-        wanted = meta.get("grade_id") in cell_ids if cell_ids else (meta.get("solution") or meta.get("grade_id") == "setup")
+    for cell in contract.read(Path(notebook)).cells:
+        gid = contract.grade_id(cell)
+        wanted = gid in cell_ids if cell_ids else contract.role(cell) in (Role.ANSWER, Role.SETUP)
         if cell.cell_type == "code" and wanted:
-            exec(compile(strip_markers(cell.source), meta.get("grade_id", "cell"), "exec"), namespace)
+            exec(compile(strip_markers(cell.source), gid or "cell", "exec"), namespace)
     return namespace

@@ -9,9 +9,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-import nbformat
-from nbclient import NotebookClient
-
+from . import contract
+from .contract import Role
+from .executor import CourseExecute
 from .settings import GradingSettings
 
 
@@ -28,30 +28,24 @@ def _has_code(source: str) -> bool:
 
 
 def run_visible_tests(path: Path, settings: GradingSettings) -> list[CellResult]:
+    """Run the notebook with the grading executor (no sandbox: it is your own code) and
+    report its visible test cells. A time-out or a dead kernel becomes a failed cell."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"No notebook at {path}")
     settings.apply_to_environment()
-    nb = nbformat.read(path, as_version=4)
-    def limit(cell) -> int:
-        declared = cell.get("metadata", {}).get("course", {}).get("timeout")
-        seconds = declared.get(settings.profile) if isinstance(declared, dict) else declared
-        return int(seconds or settings.cell_timeout)
-
-    client = NotebookClient(nb, timeout=settings.cell_timeout, timeout_func=limit, allow_errors=True,
-                            kernel_name="python3", resources={"metadata": {"path": str(path.parent)}})
-    client.execute()
+    nb = contract.read(path)
+    limits = {f"{path.stem}/{gid}": sec for gid, sec in contract.time_limits(nb, settings.profile).items()}
+    executor = CourseExecute(timeout=settings.cell_timeout, profile=settings.profile, release_limits=limits,
+                             judge=False, kernel_name="python3")
+    executor.preprocess(nb, {"metadata": {"path": str(path.parent)}, "nbgrader": {"notebook": path.stem}})
     results = []
-    for cell in nb.cells:
-        meta = cell.get("metadata", {}).get("nbgrader", {})
-        if cell.cell_type != "code" or not meta.get("grade") or meta.get("solution"):
-            continue
+    for cell in contract.cells_with_role(nb, Role.VISIBLE, Role.HIDDEN, Role.EVALUATION):
         if not _has_code(cell.source):  # a hidden-test placeholder: only the autograder fills it
             continue
         errors = [o for o in cell.outputs if o.output_type == "error"]
         message = f"{errors[0].ename}: {errors[0].evalue}" if errors else ""
-        results.append(CellResult(meta.get("grade_id", "?"), float(meta.get("points", 0)),
-                                  not errors, message))
+        results.append(CellResult(contract.grade_id(cell) or "?", contract.points(cell), not errors, message))
     return results
 
 

@@ -10,6 +10,7 @@ from pathlib import Path
 DEVICE_ENV = "COURSE_DEVICE"          # read by course.device inside the kernel
 TIMEOUT_ENV = "COURSE_CELL_TIMEOUT"   # seconds per cell
 PROFILE_ENV = "COURSE_PROFILE"        # capstone budgets: smoke, cpu or gpu
+MEMORY_ENV = "COURSE_MEMORY_GB"       # memory limit of a sandboxed kernel
 PROFILES = ("smoke", "cpu", "gpu")
 DEFAULT_TIMEOUT = 300
 COURSE_ID = "transformers-by-building"
@@ -37,10 +38,14 @@ class GradingSettings:
     device: str = "cpu"
     cell_timeout: int = DEFAULT_TIMEOUT
     profile: str = "cpu"
+    unsandboxed: bool = False        # grade without a sandbox (asked for explicitly; noted in every row)
+    memory_gb: float = 4.0           # memory limit of one submission's kernel
+    seed: int | None = None          # hidden-test inputs; None: drawn when grading starts
 
     @classmethod
     def from_env(cls, device: str | None = None, cell_timeout: int | None = None,
-                 profile: str | None = None) -> "GradingSettings":
+                 profile: str | None = None, unsandboxed: bool = False, memory_gb: float | None = None,
+                 seed: int | None = None) -> "GradingSettings":
         """CLI values win; then the environment; then the defaults (CPU, 300 s, cpu profile)."""
         profile = (profile or os.environ.get(PROFILE_ENV) or "cpu").strip().lower()
         if profile not in PROFILES:
@@ -56,7 +61,15 @@ class GradingSettings:
                 raise ValueError(f"{TIMEOUT_ENV}={raw!r} is not a whole number of seconds") from None
         if cell_timeout <= 0:
             raise ValueError(f"the cell time limit must be positive, not {cell_timeout}")
-        return cls(device=device, cell_timeout=cell_timeout, profile=profile)
+        memory_gb = float(memory_gb if memory_gb is not None else os.environ.get(MEMORY_ENV, 4))
+        if memory_gb <= 0:
+            raise ValueError(f"the memory limit must be positive, not {memory_gb} GiB")
+        return cls(device=device, cell_timeout=cell_timeout, profile=profile, unsandboxed=unsandboxed,
+                   memory_gb=memory_gb, seed=seed)
+
+    def kernel_environment(self) -> dict[str, str]:
+        """What a sandboxed kernel's environment holds of the settings."""
+        return {DEVICE_ENV: self.device, TIMEOUT_ENV: str(self.cell_timeout), PROFILE_ENV: self.profile}
 
     def apply_to_environment(self) -> None:
         """Kernels inherit this process's environment: put the settings there.

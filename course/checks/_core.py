@@ -61,7 +61,27 @@ def expect_close(actual: torch.Tensor, expected: torch.Tensor, what: str, hint: 
 
 @contextlib.contextmanager
 def forbid(*targets: tuple[Any, str], exercise: str) -> Iterator[None]:
-    """Within the block, calling any ``(module, attribute)`` in targets raises ShortcutUsed."""
+    """Within the block, calling any ``(module, attribute)`` in targets raises ShortcutUsed.
+
+    When a test is judged outside the kernel, the student's code runs in the kernel, so
+    the block is also set up there, around every call (see :mod:`course.probe`)."""
+    from .. import probe
+
+    names = [(owner.__name__, attr) for owner, attr in targets]
+    with probe.kernel_context("course.checks._core:forbid_names", names, exercise=exercise):
+        with _forbid_here(*targets, exercise=exercise):
+            yield
+
+
+def forbid_names(names: list[tuple[str, str]], exercise: str) -> contextlib.AbstractContextManager:
+    """:func:`forbid` for ``(module name, attribute)`` pairs: what the kernel receives."""
+    import importlib
+
+    return _forbid_here(*[(importlib.import_module(m), a) for m, a in names], exercise=exercise)
+
+
+@contextlib.contextmanager
+def _forbid_here(*targets: tuple[Any, str], exercise: str) -> Iterator[None]:
     saved = []
     for owner, attr in targets:
         original = getattr(owner, attr)

@@ -1,0 +1,250 @@
+"""The one executor: runs a course notebook in a kernel, for grading and for self-check.
+
+- Each cell gets the time limit the contract gives it (:mod:`autograder.contract`); a cell
+  that runs past it is stopped and the next cell runs.
+- A kernel that dies (killed for memory, ``os._exit``, a segfault) does not lose the
+  notebook: the cell that was running gets an error, every later code cell a "not run"
+  error, and the points earned before are kept.
+- A cell's output is capped (``output_limit`` bytes); the rest is dropped with a note.
+- When grading (``judge=True``), the kernel runs in its own sandbox
+  (:mod:`autograder.sandbox`), and every graded test cell is judged in this process
+  (:mod:`autograder.remote`): its code runs here, the student's objects stay in the
+  kernel, and the cell's outputs (which nbgrader turns into points) are written here.
+  The kernel never runs a graded test cell, so nothing it does can change a verdict.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import time
+import traceback
+from pathlib import Path
+
+from jupyter_client.manager import AsyncKernelManager
+from nbclient.exceptions import DeadKernelError
+from nbformat.notebooknode import NotebookNode, from_dict
+from nbgrader.preprocessors import Execute
+from traitlets import Any as AnyTrait
+from traitlets import Bool, Dict, Integer, Unicode
+
+from . import contract
+from .contract import Role
+
+KERNEL_DIED = "KernelDied"
+NOT_RUN = "NotRun"
+TIMED_OUT = "CellTimeoutError"
+OUTPUT_LIMIT = "OutputLimitExceeded"
+
+
+def error_output(ename: str, evalue: str, traceback_text: str | None = None) -> NotebookNode:
+    return from_dict({"output_type": "error", "ename": ename, "evalue": evalue,
+                      "traceback": [traceback_text or f"{ename}: {evalue}"]})
+
+
+class SandboxedKernelManager(AsyncKernelManager):
+    """A kernel manager whose kernel runs under the sandbox's command line, talking over
+    Unix sockets in the sandbox's socket folder (its network namespace is empty)."""
+
+    sandbox = AnyTrait(None, allow_none=True)
+
+    def format_kernel_cmd(self, extra_arguments=None):
+        cmd = super().format_kernel_cmd(extra_arguments)
+        return self.sandbox.prefix() + cmd if self.sandbox is not None else cmd
+
+    def write_connection_file(self, **kwargs):
+        result = super().write_connection_file(**kwargs)
+        if self.sandbox is not None:
+            import os
+
+            from .sandbox import NOBODY
+            if os.geteuid() == 0:
+                os.chown(self.connection_file, NOBODY, NOBODY)
+        return result
+
+    async def _async_interrupt_kernel(self) -> None:
+        # A signal cannot cross into the sandbox's PID namespace; ipykernel takes the
+        # interrupt as a message on its control channel.
+        if self.has_kernel:
+            msg = self.session.msg("interrupt_request", content={})
+            self._connect_control_socket()
+            self.session.send(self._control_socket, msg)
+
+
+class CourseExecute(Execute):
+    """nbgrader's Execute step with the course's contract (see the module docstring)."""
+
+    profile = Unicode("cpu", help="capstone profile: which per-cell limits apply").tag(config=True)
+    release_limits = Dict({}, help="'notebook/grade_id' -> seconds, read from the released "
+                                   "notebooks (a submission cannot change them)").tag(config=True)
+    judge = Bool(False, help="judge graded test cells in this process").tag(config=True)
+    output_limit = Integer(2 << 20, help="bytes of output kept per cell").tag(config=True)
+    sandbox_factory = AnyTrait(None, allow_none=True, help="callable() -> Sandbox, or None").tag(config=True)
+    grading_seed = Integer(0, help="seed the hidden tests draw their inputs from").tag(config=True)
+
+    death_reason = Unicode("")
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("kernel_manager_class", SandboxedKernelManager)
+        super().__init__(*args, **kwargs)
+        self._sandbox = None
+        self._judge_client = None
+        self._imports = ""
+        self._output_bytes = 0
+
+    # ------------------------------------------------------------------ the kernel
+
+    def create_kernel_manager(self):
+        km = super().create_kernel_manager()
+        if self.sandbox_factory is not None:
+            self._sandbox = self.sandbox_factory()
+            km.sandbox = self._sandbox
+            km.transport = "ipc"
+            km.connection_file = str(self._sandbox.socket_dir / "kernel.json")
+            km.ip = str(self._sandbox.socket_dir / "kernel")
+        return km
+
+    def preprocess(self, nb, resources=None, km=None):
+        self.death_reason = ""
+        self._imports = contract.setup_imports(nb)
+        try:
+            return super().preprocess(nb, resources, km)
+        finally:
+            if self._judge_client is not None:
+                self._judge_client.stop_channels()
+                self._judge_client = None
+            if self._sandbox is not None:
+                self._sandbox.cleanup()
+                self._sandbox = None
+
+    def _limit_for(self, cell, resources) -> int:
+        notebook = (resources or {}).get("nbgrader", {}).get("notebook", "")
+        grade_id = contract.grade_id(cell)
+        declared = self.release_limits.get(f"{notebook}/{grade_id}") if grade_id else None
+        return int(declared or self.timeout or 300)
+
+    # ------------------------------------------------------------------ cells
+
+    def preprocess_cell(self, cell, resources, index):
+        if cell.cell_type != "code":
+            return cell, resources
+        if self.death_reason:
+            cell.outputs = [error_output(NOT_RUN, f"not run: {self.death_reason}")]
+            return cell, resources
+        self._output_bytes = 0
+        limit = self._limit_for(cell, resources)
+        if self.judge and contract.role(cell) in contract.JUDGED:
+            cell.outputs = self._judge_cell(cell, limit, resources)
+            return cell, resources
+        default = self.timeout
+        try:
+            self.timeout = limit
+            return super().preprocess_cell(cell, resources, index)
+        except DeadKernelError as err:
+            self._kernel_died(cell, index, str(err))
+            return cell, resources
+        finally:
+            self.timeout = default
+
+    def _kernel_died(self, cell, index, detail: str) -> None:
+        grade_id = contract.grade_id(cell) or f"cell {index}"
+        self.death_reason = f"the kernel died while running {grade_id} ({detail})"
+        self.log.warning("Kernel died in %s; later cells are not run", grade_id)
+        cell.outputs.append(error_output(KERNEL_DIED, self.death_reason))
+
+    def output(self, outs, msg, display_id, cell_index):
+        """Keep at most ``output_limit`` bytes of a cell's output."""
+        size = len(str(msg.get("content", "")))
+        self._output_bytes += size
+        if self._output_bytes > self.output_limit:
+            if self._output_bytes - size <= self.output_limit:
+                outs.append(from_dict({"output_type": "stream", "name": "stdout",
+                                       "text": f"\n[output stopped here: more than {self.output_limit:,} bytes]\n"}))
+            return None
+        return super().output(outs, msg, display_id, cell_index)
+
+    # ------------------------------------------------------------------ trusted verdicts
+
+    def _kernel_alive(self) -> bool:
+        process = getattr(getattr(self.km, "provisioner", None), "process", None)
+        return process is not None and process.poll() is None
+
+    def _execute_for_judge(self, code: str, timeout: float) -> str | None:
+        """Run one probe request in the kernel; the error text, or None."""
+        from .remote import CellTimedOut, KernelLost
+
+        if self._judge_client is None:
+            client = self.km.blocking_client()
+            client.start_channels(shell=True, iopub=False, stdin=False, hb=False, control=True)
+            self._judge_client = client
+        client = self._judge_client
+        msg_id = client.execute(code, silent=True, store_history=False, allow_stdin=False)
+        deadline = time.monotonic() + timeout
+        while True:
+            if not self._kernel_alive():
+                raise KernelLost("the kernel died")
+            if time.monotonic() > deadline:
+                client.control_channel.send(client.session.msg("interrupt_request", content={}))
+                raise CellTimedOut("ran past the time limit")
+            try:
+                reply = client.get_shell_msg(timeout=0.5)
+            except Exception:  # noqa: BLE001 - queue.Empty: keep waiting
+                continue
+            if reply.get("parent_header", {}).get("msg_id") != msg_id:
+                continue
+            content = reply.get("content", {})
+            if content.get("status") == "ok":
+                return None
+            return f"{content.get('ename', 'Error')}: {content.get('evalue', '')}"
+
+    def _judge_cell(self, cell, limit: int, resources) -> list[NotebookNode]:
+        """Run a graded test cell here; its outputs are the verdict."""
+        from course.checks import _hidden
+
+        from .remote import CellTimedOut, Channel, KernelLost, run_judged
+
+        if self.km is None or not self._kernel_alive():
+            self.death_reason = self.death_reason or "the kernel is not running"
+            return [error_output(NOT_RUN, f"not run: {self.death_reason}")]
+        io_dir = self._sandbox.io_dir if self._sandbox is not None else Path(resources["metadata"]["path"])
+        channel = Channel(self._execute_for_judge, io_dir, time.monotonic() + limit)
+        cwd = Path((resources or {}).get("metadata", {}).get("path") or ".")
+        _hidden.set_grading_seed(self.grading_seed)
+        outputs = []
+        try:
+            printed = run_judged(cell.source, channel, self._imports, cwd)
+            if printed:
+                outputs.append(from_dict({"output_type": "stream", "name": "stdout", "text": printed[-20000:]}))
+        except KernelLost as err:
+            self._kernel_died(cell, 0, str(err))
+            return [error_output(KERNEL_DIED, self.death_reason)]
+        except CellTimedOut:
+            grade_id = contract.grade_id(cell) or "a test cell"
+            outputs.append(error_output(TIMED_OUT, f"{grade_id} ran past the time limit of {limit} s and was stopped"))
+            self._wait_idle()
+        except BaseException as err:  # noqa: BLE001 - every failure of a check is a verdict
+            if isinstance(err, (KeyboardInterrupt, SystemExit)):
+                raise
+            outputs.append(error_output(type(err).__name__, str(err),
+                                        "".join(traceback.format_exception_only(type(err), err)).strip()))
+        finally:
+            _hidden.set_grading_seed(None)
+            if self._kernel_alive():
+                channel.deadline = time.monotonic() + 10
+                try:
+                    channel.request("release", None)
+                except Exception:  # noqa: BLE001 - cleaning up kernel references is best effort
+                    pass
+        return outputs
+
+    def _wait_idle(self) -> None:
+        """After an interrupt, give the kernel a moment to return to its prompt."""
+        from .remote import CellTimedOut, KernelLost
+
+        try:
+            self._execute_for_judge("pass", 10)
+        except (CellTimedOut, KernelLost):
+            if self._kernel_alive():
+                self.log.warning("the kernel did not stop after an interrupt; killing it")
+                self.km.provisioner.process.send_signal(signal.SIGKILL)
+                self.death_reason = "the kernel did not stop after its time limit"

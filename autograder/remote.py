@@ -1,0 +1,411 @@
+"""The trusted side of grading: stand-ins for the student's objects that live in the kernel.
+
+A judged test cell runs in the grading process. Names it does not import (the student's
+``Embedding``, ``train``, a trained ``lm_model``) are :class:`RemoteObject` stand-ins:
+calling one, reading an attribute or iterating it sends a request to the sandboxed kernel
+(:mod:`course.probe`), which does it there and replies with plain data. Tensors that
+need gradients stay in the kernel as :class:`RemoteTensor`; torch functions applied to
+them run in the kernel too, so a check's ``out.sum().backward()`` then ``weight.grad``
+works as it would in one process. The check helpers themselves, their oracles and their
+verdicts never leave this process.
+
+Requests are pickled (``cloudpickle``: the check's lambdas travel by value); replies are
+read with ``torch.load(weights_only=True)``, so a reply can hold nothing but data.
+"""
+
+from __future__ import annotations
+
+import builtins
+import importlib
+import io
+import itertools
+import operator
+import os
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import cloudpickle
+import torch
+
+from course import probe
+
+MAX_REPLY_BYTES = 512 << 20
+_NUMBERS = itertools.count(1)   # mirror and twin numbers, never reused within a grading process
+_PICKLING = [0]   # while a request is pickled, stand-ins show their own class
+
+
+class KernelLost(RuntimeError):
+    """The kernel died or stopped answering while a judged cell ran."""
+
+
+class CellTimedOut(RuntimeError):
+    """A judged cell ran past its time limit."""
+
+
+class StudentCodeError(RuntimeError):
+    """The student's code raised an exception of a type that only exists in the kernel."""
+
+
+class Channel:
+    """Requests to one kernel. ``execute(code, timeout)`` runs code there and returns the
+    error text, or None; it raises :class:`KernelLost` or :class:`CellTimedOut`."""
+
+    def __init__(self, execute: Callable[[str, float], str | None], io_dir: Path, deadline: float) -> None:
+        self.execute, self.io_dir, self.deadline = execute, Path(io_dir), deadline
+        self.count = 0
+        self.mirrors: dict[int, torch.Tensor] = {}    # our leaf tensors, by mirror number
+        self.objects: dict[int, RemoteObject] = {}    # one stand-in per kernel object: `is` works
+        self._mirror_numbers: dict[int, int] = {}
+        self.twins: dict[int, torch.nn.Module] = {}   # our modules handed to the student's code
+        self._twin_numbers: dict[int, int] = {}
+
+    def request(self, op: str, target: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        from torch.utils._python_dispatch import _disable_current_modes
+
+        with _disable_current_modes():   # a check's recording mode must not see our own tensors
+            return self._request(op, target, args, kwargs)
+
+    def _request(self, op: str, target: Any, args: tuple, kwargs: dict | None) -> Any:
+        self.count += 1
+        request_path = self.io_dir / f"request-{self.count}.pkl"
+        reply_path = self.io_dir / f"reply-{self.count}.pt"
+        contexts = probe.active_contexts()
+        payload = {"op": op, "target": target, "args": self._mirrored(args), "kwargs": self._mirrored(kwargs or {}),
+                   "grad": torch.is_grad_enabled(), "rng": torch.get_rng_state(),
+                   "contexts": [(n, factory, a, k) for n, factory, a, k, _ in contexts]}
+        _PICKLING[0] += 1
+        try:
+            request_path.write_bytes(cloudpickle.dumps(payload))
+        finally:
+            _PICKLING[0] -= 1
+        remaining = self.deadline - time.monotonic()
+        if remaining <= 0:
+            raise CellTimedOut("ran past the time limit")
+        error = self.execute(f"__import__('course.probe').probe.serve({str(request_path)!r}, {str(reply_path)!r})",
+                             remaining)
+        request_path.unlink(missing_ok=True)
+        if error is not None or not reply_path.is_file():
+            raise StudentCodeError("the kernel could not run the student's code for the grader "
+                                   f"({(error or 'no reply').strip().splitlines()[-1][:300]}); "
+                                   "was something of the course's code replaced?")
+        size = reply_path.stat().st_size
+        if size > MAX_REPLY_BYTES:
+            reply_path.unlink()
+            raise StudentCodeError(f"the student's code returned {size:,} bytes, more than a test can read")
+        reply = torch.load(io.BytesIO(reply_path.read_bytes()), weights_only=True)
+        reply_path.unlink()
+        self._absorb(reply, contexts)
+        if reply.get("stop"):
+            raise StopIteration
+        if "error" in reply:
+            raise _rebuild_error(reply["error"])
+        return self.decode(reply.get("value"))
+
+    def _absorb(self, reply: dict, contexts: list) -> None:
+        rng = reply.get("rng")
+        if isinstance(rng, torch.Tensor) and rng.dtype == torch.uint8:
+            torch.set_rng_state(rng)
+        states = reply.get("contexts") or {}
+        for number, _, _, _, owner in contexts:
+            if owner is not None and number in states and hasattr(owner, "absorb"):
+                owner.absorb(states[number])
+        for number, state in (reply.get("twins") or {}).items():
+            if number in self.twins and isinstance(state, dict):
+                with torch.no_grad():
+                    self.twins[number].load_state_dict(state, strict=False)
+        for number, grad in (reply.get("grads") or {}).items():
+            if number in self.mirrors and (grad is None or isinstance(grad, torch.Tensor)):
+                self.mirrors[number].grad = grad
+
+    def _mirrored(self, value: Any) -> Any:
+        """Leaf tensors that need gradients travel as mirrors (their .grad comes back);
+        our modules as twins (their state comes back)."""
+        if isinstance(value, RemoteObject):    # before any isinstance that asks its __class__
+            return value
+        if isinstance(value, torch.Tensor) and not isinstance(value, RemoteTensor):
+            if value.requires_grad and value.is_leaf:
+                number = self._mirror_numbers.setdefault(id(value), next(_NUMBERS))
+                self.mirrors[number] = value      # kept alive, so its id stays its own
+                return _MirrorToken(number, value.detach())
+            return value
+        if isinstance(value, torch.nn.Module):
+            number = self._twin_numbers.setdefault(id(value), next(_NUMBERS))
+            self.twins[number] = value
+            return _TwinToken(number, value)
+        if type(value) in (list, tuple):
+            return type(value)(self._mirrored(v) for v in value)
+        if type(value) is dict:
+            return {k: self._mirrored(v) for k, v in value.items()}
+        return value
+
+    def decode(self, value: Any) -> Any:
+        if isinstance(value, dict):
+            if "__twin__" in value and int(value["__twin__"]) in self.twins:
+                module, path = self.twins[int(value["__twin__"])], str(value.get("path", ""))
+                return module.get_parameter(path) if value.get("kind") == "parameter" else module.get_submodule(path)
+            if "__ref__" in value:
+                number = int(value["__ref__"])
+                if number not in self.objects:
+                    kind = RemoteTensor if value.get("tensor") else RemoteObject
+                    self.objects[number] = kind(self, number, "", value.get("bases") or [], str(value.get("type", "")))
+                return self.objects[number]
+            if "__dict__" in value:
+                return {self._key(self.decode(k)): self.decode(v) for k, v in value["__dict__"]}
+            for name, kind in (("__list__", list), ("__tuple__", tuple), ("__set__", set), ("__frozenset__", frozenset)):
+                if name in value:
+                    items = [self.decode(v) for v in value[name]]
+                    return kind(self._key(i) for i in items) if kind in (set, frozenset) else kind(items)
+            return {k: self.decode(v) for k, v in value.items()}
+        return value
+
+    @staticmethod
+    def _key(value: Any) -> Any:
+        return tuple(value) if isinstance(value, list) else value
+
+
+class _MirrorToken:
+    def __init__(self, number: int, tensor: torch.Tensor) -> None:
+        self.number, self.tensor = number, tensor
+
+    def __reduce__(self):
+        return (probe.mirror, (self.number, self.tensor))
+
+
+class _TwinToken:
+    def __init__(self, number: int, module: torch.nn.Module) -> None:
+        self.number, self.module = number, module
+
+    def __reduce__(self):
+        return (probe.twin, (self.number, self.module))
+
+
+def _rebuild_error(info: dict) -> BaseException:
+    """The student's exception, as an exception of the same kind here. Only built-in types
+    are rebuilt; the course's own failures come back as CheckFailed with their message."""
+    from course.checks import CheckFailed
+
+    name, message = str(info.get("type", "Exception")), str(info.get("message", ""))
+    bases = [str(b) for b in info.get("bases", [])]
+    if "CheckFailed" in bases:
+        return CheckFailed(message)
+    if "KeyboardInterrupt" in bases:
+        return CellTimedOut("ran past the time limit")
+    for base in [name] + bases:
+        kind = getattr(builtins, base, None)
+        if isinstance(kind, type) and issubclass(kind, Exception) and kind not in (StopIteration,):
+            try:
+                return kind(message) if kind is not Exception or base == name else StudentCodeError(f"{name}: {message}")
+            except TypeError:
+                break
+    return StudentCodeError(f"{name}: {message}")
+
+
+def _local_class(bases: list[str]) -> type:
+    for path in bases:
+        module, _, qualname = path.partition(":")
+        if module.startswith(("course", "torch", "collections", "builtins", "typing")):
+            try:
+                obj: Any = importlib.import_module(module)
+                for part in qualname.split("."):
+                    obj = getattr(obj, part)
+                if isinstance(obj, type):
+                    return obj
+            except Exception:  # noqa: BLE001 - an unknown base is simply not used
+                continue
+    return object
+
+
+_PASSED_THROUGH = frozenset({"__name__", "__qualname__", "__doc__", "__wrapped__"})
+
+
+class RemoteObject:
+    """An object in the kernel: the student's function, class, model or anything they return."""
+
+    __slots__ = ("_channel", "_number", "_name", "_bases", "_type")
+
+    def __init__(self, channel: Channel, number: int, name: str = "", bases: list[str] | None = None,
+                 type_name: str = "") -> None:
+        object.__setattr__(self, "_channel", channel)
+        object.__setattr__(self, "_number", number)
+        object.__setattr__(self, "_name", name)
+        object.__setattr__(self, "_bases", bases or [])
+        object.__setattr__(self, "_type", type_name)
+
+    def __reduce__(self):
+        return (probe.resolve, (self._number, self._name))
+
+    def _do(self, op: str, *args: Any, **kwargs: Any) -> Any:
+        return self._channel.request(op, self, args, kwargs)
+
+    @property
+    def __class__(self):  # isinstance(model, nn.Module) answers as it would in the kernel
+        if _PICKLING[0]:
+            return type(self)
+        if not self._bases:
+            names = self._do("bases")
+            object.__setattr__(self, "_bases", [str(n) for n in names] if isinstance(names, list) else [])
+        return _local_class(self._bases)
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__") and name.endswith("__") and name not in _PASSED_THROUGH:
+            raise AttributeError(name)
+        return self._do("getattr", name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        self._do("setattr", name, value)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self._channel.request("call", self, args, kwargs)
+
+    def __getitem__(self, key: Any) -> Any:
+        return self._do("getitem", key)
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        self._do("setitem", key, value)
+
+    def __len__(self) -> int:
+        return int(self._do("len"))
+
+    def __iter__(self):
+        return self._do("iter")
+
+    def __next__(self):
+        return self._do("next")
+
+    def __bool__(self) -> bool:
+        return bool(self._do("bool"))
+
+    def __repr__(self) -> str:
+        try:
+            return str(self._do("repr"))
+        except Exception:  # noqa: BLE001 - a broken __repr__ of the student's must not hide the verdict
+            return f"<{self._type or self._name or 'object'} in the kernel>"
+
+    __str__ = __repr__
+
+    def __hash__(self) -> int:
+        return object.__hash__(self)
+
+    def __eq__(self, other: Any) -> Any:
+        return self is other
+
+
+def _binary(op: Callable, reflected: bool = False):
+    def method(self, other):
+        args = (other, self) if reflected else (self, other)
+        return self._channel.request("function", op, args, {})
+    return method
+
+
+class RemoteTensor(RemoteObject):
+    """A tensor that stays in the kernel because it carries a gradient graph."""
+
+    __slots__ = ()
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        channel = next(a._channel for a in _flatten((args, kwargs)) if isinstance(a, RemoteObject))
+        # Only a gradient graph needs the kernel: without one, or when writing into one of
+        # our own tensors (conv.weight.copy_(student.weight)), run here on the values.
+        name = getattr(func, "__name__", "")
+        in_place = name.endswith("_") and not name.endswith("__") or "out" in (kwargs or {})
+        if not torch.is_grad_enabled() or (in_place and args and not isinstance(args[0], RemoteObject)):
+            return func(*_materialise(args), **_materialise(kwargs or {}))
+        try:
+            cloudpickle.dumps(func)
+        except Exception:  # noqa: BLE001 - a function that cannot travel runs here on the values
+            return func(*_materialise(args), **_materialise(kwargs or {}))
+        return channel.request("function", func, args, kwargs or {})
+
+    def detach(self) -> torch.Tensor:
+        return self._do("getattr", "detach")()
+
+    def _plain(self) -> torch.Tensor:
+        return self.detach()
+
+    __add__, __radd__ = _binary(operator.add), _binary(operator.add, True)
+    __sub__, __rsub__ = _binary(operator.sub), _binary(operator.sub, True)
+    __mul__, __rmul__ = _binary(operator.mul), _binary(operator.mul, True)
+    __truediv__, __rtruediv__ = _binary(operator.truediv), _binary(operator.truediv, True)
+    __matmul__, __rmatmul__ = _binary(operator.matmul), _binary(operator.matmul, True)
+    __pow__ = _binary(operator.pow)
+    __lt__, __le__ = _binary(operator.lt), _binary(operator.le)
+    __gt__, __ge__ = _binary(operator.gt), _binary(operator.ge)
+    __eq__ = _binary(operator.eq)
+    __ne__ = _binary(operator.ne)
+    __hash__ = RemoteObject.__hash__
+
+    def __neg__(self):
+        return self._channel.request("function", operator.neg, (self,), {})
+
+    def __abs__(self):
+        return self._channel.request("function", operator.abs, (self,), {})
+
+    def __float__(self) -> float:
+        return float(self.detach())
+
+    def __int__(self) -> int:
+        return int(self.detach())
+
+    def __index__(self) -> int:
+        return operator.index(self.detach())
+
+
+def _flatten(value: Any):
+    if isinstance(value, RemoteObject):
+        yield value
+    elif type(value) in (list, tuple):
+        for v in value:
+            yield from _flatten(v)
+    elif type(value) is dict:
+        for v in value.values():
+            yield from _flatten(v)
+
+
+def _materialise(value: Any) -> Any:
+    if isinstance(value, RemoteTensor):
+        return value.detach()
+    if type(value) in (list, tuple):
+        return type(value)(_materialise(v) for v in value)
+    if type(value) is dict:
+        return {k: _materialise(v) for k, v in value.items()}
+    return value
+
+
+class TrustedNamespace(dict):
+    """Globals of a judged cell: the set-up cell's imports, done here; every other name is
+    the student's object of that name, in the kernel."""
+
+    def __init__(self, channel: Channel, imports: str) -> None:
+        super().__init__({"__builtins__": builtins, "__name__": "__course_judge__"})
+        exec(compile(imports, "<set-up imports>", "exec"), self)  # noqa: S102 - course code, not the student's
+        self.channel = channel
+
+    def __missing__(self, name: str) -> RemoteObject:
+        if hasattr(builtins, name):
+            return getattr(builtins, name)
+        ref = RemoteObject(self.channel, 0, name)
+        try:
+            self.channel.request("exists", ref)
+        except KeyError:
+            raise NameError(f"name {name!r} is not defined") from None
+        return ref
+
+
+def run_judged(source: str, channel: Channel, imports: str, cwd: Path) -> str:
+    """Run a test cell's code here, against the kernel's objects; returns what it printed.
+    Raises what the checks raise (CheckFailed with a hint, NotImplementedError, ...)."""
+    import contextlib
+
+    namespace = TrustedNamespace(channel, imports)
+    printed = io.StringIO()
+    previous = os.getcwd()
+    try:
+        os.chdir(cwd)
+        with contextlib.redirect_stdout(printed):
+            code = compile(source, "<test cell>", "exec")
+            exec(code, {"__builtins__": builtins}, namespace)  # noqa: S102 - the course's test code
+    finally:
+        os.chdir(previous)
+    return printed.getvalue()

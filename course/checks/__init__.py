@@ -5,7 +5,7 @@ student's kernel under nbgrader or, later, in a separate trusted process on extr
 Every check compares with an independent oracle (a PyTorch built-in, a hand-derived value or
 a mathematical property) and, when it fails, raises :class:`CheckFailed` with a sentence
 that names the likely mistake. ``hidden=True`` runs the extra cases the autograder uses, on
-other inputs from other seeds.
+inputs drawn from the grading seed that the grader sets when it runs (see ``_hidden``).
 """
 
 from ._core import CheckFailed, ShortcutUsed

@@ -17,6 +17,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ._core import call, expect, expect_close, expect_tensor, fail, forbid, generator
+from ._hidden import hidden_generator, hidden_rng, hidden_seed
 
 Pair = tuple[int, int]
 
@@ -54,8 +55,10 @@ SAMPLE = ("To be, or not to be, that is the question: whether 'tis nobler in the
 def check_get_pair_counts(get_pair_counts, hidden: bool = False) -> None:
     cases = [[1, 2, 1, 2, 1], [7, 7, 7, 7], [5], []]
     if hidden:
-        rng = random.Random(101)
-        cases += [[rng.randrange(6) for _ in range(rng.randrange(2, 60))] for _ in range(20)]
+        rng = hidden_rng("get_pair_counts")
+        for _ in range(20):
+            alphabet = rng.randrange(1, 9)
+            cases.append([rng.randrange(alphabet) for _ in range(rng.randrange(2, 60))])
     for ids in cases:
         got = call(get_pair_counts, list(ids))
         expect(isinstance(got, dict), f"get_pair_counts should return a dict, got {type(got).__name__}.",
@@ -73,10 +76,11 @@ def check_merge_pair(merge_pair, hidden: bool = False) -> None:
     cases = [([1, 2, 3, 1, 2], (1, 2), 9), ([1, 1, 1], (1, 1), 9), ([1, 1, 1, 1], (1, 1), 9),
              ([3, 4], (4, 3), 9), ([], (1, 2), 9)]
     if hidden:
-        rng = random.Random(202)
+        rng = hidden_rng("merge_pair")
         for _ in range(30):
-            ids = [rng.randrange(4) for _ in range(rng.randrange(0, 50))]
-            cases.append((ids, (rng.randrange(4), rng.randrange(4)), 256 + rng.randrange(100)))
+            alphabet = rng.randrange(1, 6)
+            ids = [rng.randrange(alphabet) for _ in range(rng.randrange(0, 50))]
+            cases.append((ids, (rng.randrange(alphabet), rng.randrange(alphabet)), 256 + rng.randrange(100)))
     for ids, pair, new_id in cases:
         original = list(ids)
         got = call(merge_pair, ids, pair, new_id)
@@ -144,9 +148,10 @@ def verify_merges(text: str, merges: dict, num_merges: int, label: str) -> list[
 def check_train_bpe(train_bpe, hidden: bool = False) -> None:
     cases = [("aaabdaaabac", 3), (SAMPLE, 20), ("ab", 5)]
     if hidden:
-        rng = random.Random(303)
-        cases += [(_random_text(rng, rng.randrange(50, 400), "ab c\né✓"), rng.randrange(5, 40))
-                  for _ in range(6)]
+        rng = hidden_rng("train_bpe")
+        for _ in range(6):
+            alphabet = "".join(rng.sample("ab c\né✓—日xyz", rng.randrange(2, 9)))
+            cases.append((_random_text(rng, rng.randrange(50, 400), alphabet), rng.randrange(5, 40)))
     for text, n in cases:
         merges = call(train_bpe, text, n)
         verify_merges(text, merges, n, f"train_bpe({text[:20]!r}..., {n})")
@@ -157,8 +162,10 @@ def check_encode_decode(encode, decode, train_bpe, hidden: bool = False) -> None
     texts = [SAMPLE, "héllo wörld ✓ — naïve café", "aaaa"]
     special = {"<|endoftext|>": 1000}
     if hidden:
-        rng = random.Random(404)
-        texts += [_random_text(rng, rng.randrange(1, 200), "ab c\néü✓—日本") for _ in range(10)]
+        rng = hidden_rng("encode_decode")
+        for _ in range(10):
+            alphabet = "".join(rng.sample("ab c\néü✓—日本xyz", rng.randrange(1, 10)))
+            texts.append(_random_text(rng, rng.randrange(1, 200), alphabet))
     for text in texts:
         merges = call(train_bpe, text, 10)
         ids = call(encode, text, merges)
@@ -206,8 +213,9 @@ def _embedding_forward(module: nn.Module, ids: torch.Tensor, exercise: str) -> t
 
 
 def check_embedding(Embedding, hidden: bool = False) -> None:
-    torch.manual_seed(11 if not hidden else 1111)
-    vocab_size, d_model = (1000, 64) if not hidden else (3001, 96)
+    torch.manual_seed(11 if not hidden else hidden_seed("embedding/init"))
+    rng = hidden_rng("embedding")
+    vocab_size, d_model = (1000, 64) if not hidden else (rng.randrange(1000, 4000), rng.randrange(16, 129))
     emb = call(Embedding, vocab_size, d_model, name="Embedding(...)")
     _no_embedding_shortcut(emb, "Embedding")
     weight = getattr(emb, "weight", None)
@@ -223,8 +231,11 @@ def check_embedding(Embedding, hidden: bool = False) -> None:
         fail(f"the initial weights have std {std:.4f}, expected about 0.02.", hint)
     expect(abs(weight.detach().mean().item()) < 0.002, "the initial weights are not centred on zero.",
            "use a normal distribution with mean 0.")
-    g = generator(12 if not hidden else 1212)
-    for shape in ([(2, 7), (5,), (3, 4, 2)] if hidden else [(2, 7), (5,)]):
+    g = generator(12) if not hidden else hidden_generator("embedding/ids")
+    shapes = [(2, 7), (5,)]
+    if hidden:
+        shapes += [(3, 4, 2)] + [tuple(rng.randrange(1, 6) for _ in range(rng.randrange(1, 4))) for _ in range(2)]
+    for shape in shapes:
         ids = torch.randint(0, vocab_size, shape, generator=g)
         ids[..., 0] = vocab_size - 1  # the last row must be reachable
         out = _embedding_forward(emb, ids, "Embedding")
@@ -247,16 +258,20 @@ def check_embedding(Embedding, hidden: bool = False) -> None:
 # ----------------------------------------------------------------------------- exercise 5
 
 def check_scaled_embedding(ScaledEmbedding, hidden: bool = False) -> None:
-    sizes = [(50, 64), (50, 16)] + ([(77, 300), (9, 1)] if hidden else [])
-    for vocab_size, d_model in sizes:
-        torch.manual_seed(21 + d_model)
+    sizes = [(50, 64), (50, 16)]
+    if hidden:
+        rng = hidden_rng("scaled_embedding")
+        sizes += [(77, 300), (9, 1)] + [(rng.randrange(2, 500), rng.randrange(2, 400)) for _ in range(2)]
+    for i, (vocab_size, d_model) in enumerate(sizes):
+        torch.manual_seed(21 + d_model if not hidden else hidden_seed(f"scaled_embedding/init{i}"))
         emb = call(ScaledEmbedding, vocab_size, d_model, name="ScaledEmbedding(...)")
         _no_embedding_shortcut(emb, "ScaledEmbedding")
         weight = getattr(emb, "weight", None)
         expect(isinstance(weight, nn.Parameter) and tuple(weight.shape) == (vocab_size, d_model),
                "ScaledEmbedding should expose its table as `weight` (vocab_size, d_model).",
                "subclass your Embedding, or keep one and expose its weight.")
-        ids = torch.randint(0, vocab_size, (2, 6), generator=generator(22))
+        ids = torch.randint(0, vocab_size, (2, 6),
+                            generator=generator(22) if not hidden else hidden_generator(f"scaled_embedding/ids{i}"))
         out = _embedding_forward(emb, ids, "ScaledEmbedding")
         expect_tensor(out, (2, 6, d_model), "ScaledEmbedding output")
         raw = weight.detach()[ids]
@@ -278,8 +293,9 @@ def check_scaled_embedding(ScaledEmbedding, hidden: bool = False) -> None:
 # ----------------------------------------------------------------------------- exercise 6
 
 def check_tied_lm(TiedLanguageModel, hidden: bool = False) -> None:
-    vocab_size, d_model = (40, 16) if not hidden else (123, 24)
-    torch.manual_seed(31)
+    rng = hidden_rng("tied_lm")
+    vocab_size, d_model = (40, 16) if not hidden else (rng.randrange(20, 300), rng.randrange(4, 65))
+    torch.manual_seed(31 if not hidden else hidden_seed("tied_lm/init"))
     model = call(TiedLanguageModel, vocab_size, d_model, name="TiedLanguageModel(...)")
     embed, head = getattr(model, "embed", None), getattr(model, "head", None)
     expect(embed is not None and head is not None, "TiedLanguageModel needs attributes `embed` and `head`.",
@@ -298,9 +314,10 @@ def check_tied_lm(TiedLanguageModel, hidden: bool = False) -> None:
     expect(sum(p.numel() for p in params) == vocab_size * d_model,
            "the model has parameters besides the one shared table.",
            "this model is only the tied table: embed -> head, nothing else.")
-    ids = torch.randint(0, vocab_size, (2, 5), generator=generator(32))
+    shape = (2, 5) if not hidden else (rng.randrange(1, 5), rng.randrange(1, 9))
+    ids = torch.randint(0, vocab_size, shape, generator=generator(32) if not hidden else hidden_generator("tied_lm"))
     logits = call(model, ids, name="TiedLanguageModel.forward")
-    expect_tensor(logits, (2, 5, vocab_size), "logits")
+    expect_tensor(logits, (*shape, vocab_size), "logits")
     w = embed.weight.detach()
     expect_close(logits, w[ids] @ w.T, "logits",
                  "logits = embed(ids) @ embed.weight.T (the head uses the same matrix, transposed by nn.Linear).")
@@ -321,11 +338,17 @@ def check_count_parameters(count_parameters, TiedLanguageModel=None, hidden: boo
     shared = nn.Linear(6, 6, bias=False)
     cases.append((nn.Sequential(shared, nn.Tanh(), shared), 36))
     if hidden:
-        rng = random.Random(707)
+        rng = hidden_rng("count_parameters")
         for _ in range(5):
             a, b = rng.randrange(1, 50), rng.randrange(1, 50)
             cases.append((nn.Sequential(nn.LayerNorm(a), nn.Linear(a, b)), 2 * a + a * b + b))
         cases.append((nn.TransformerEncoderLayer(32, 4, 64), 4 * 32 * 32 + 4 * 32 + 2 * 32 * 64 + 64 + 32 + 4 * 32))
+        heads = rng.choice([1, 2, 4])
+        d, ff = heads * rng.randrange(2, 13), rng.randrange(8, 129)
+        cases.append((nn.TransformerEncoderLayer(d, heads, ff), 4 * d * d + 4 * d + 2 * d * ff + ff + d + 4 * d))
+        n, bias = rng.randrange(2, 30), rng.random() < 0.5
+        tied = nn.Linear(n, n, bias=bias)
+        cases.append((nn.Sequential(tied, nn.Tanh(), tied), n * n + (n if bias else 0)))
     for model, want in cases:
         got = call(count_parameters, model)
         if got != want:
@@ -346,8 +369,9 @@ def check_embedding_memory_bytes(embedding_memory_bytes, hidden: bool = False) -
     cases = [(50_000, 4096, torch.float32, 819_200_000), (50_000, 4096, torch.bfloat16, 409_600_000),
              (32_000, 4096, torch.int8, 131_072_000)]
     if hidden:
-        rng = random.Random(808)
-        for dtype, size in ((torch.float16, 2), (torch.float64, 8), (torch.float32, 4)):
+        rng = hidden_rng("embedding_memory_bytes")
+        dtypes = [(torch.float16, 2), (torch.float64, 8), (torch.float32, 4), (torch.bfloat16, 2), (torch.int8, 1)]
+        for dtype, size in rng.sample(dtypes, 3):
             v, d = rng.randrange(1000, 200_000), rng.randrange(16, 8192)
             cases.append((v, d, dtype, v * d * size))
     for v, d, dtype, want in cases:
@@ -364,8 +388,14 @@ def check_embedding_memory_bytes(embedding_memory_bytes, hidden: bool = False) -
 # ----------------------------------------------------------------------------- exercise 8
 
 def check_patchify(patchify, hidden: bool = False) -> None:
-    shapes = [(2, 3, 8, 8, 4), (1, 1, 6, 9, 3)] + ([(3, 2, 12, 8, 4), (2, 3, 5, 5, 5)] if hidden else [])
-    g = generator(41 if not hidden else 4141)
+    shapes = [(2, 3, 8, 8, 4), (1, 1, 6, 9, 3)]
+    if hidden:
+        rng = hidden_rng("patchify")
+        shapes += [(3, 2, 12, 8, 4), (2, 3, 5, 5, 5)]
+        for _ in range(3):
+            p = rng.randrange(1, 6)
+            shapes.append((rng.randrange(1, 4), rng.randrange(1, 5), p * rng.randrange(1, 5), p * rng.randrange(1, 5), p))
+    g = generator(41) if not hidden else hidden_generator("patchify")
     for B, C, H, W, p in shapes:
         images = torch.randn(B, C, H, W, generator=g)
         got = call(patchify, images.clone(), p)
@@ -384,9 +414,15 @@ def check_patchify(patchify, hidden: bool = False) -> None:
 
 
 def check_patch_embedding(PatchEmbedding, hidden: bool = False) -> None:
-    configs = [(8, 4, 3, 16)] + ([(12, 4, 2, 10), (6, 3, 1, 5)] if hidden else [])
-    for image_size, p, C, d_model in configs:
-        torch.manual_seed(51)
+    configs = [(8, 4, 3, 16)]
+    if hidden:
+        rng = hidden_rng("patch_embedding")
+        configs += [(12, 4, 2, 10), (6, 3, 1, 5)]
+        for _ in range(2):
+            p = rng.randrange(1, 6)
+            configs.append((p * rng.randrange(1, 5), p, rng.randrange(1, 4), rng.randrange(2, 25)))
+    for i, (image_size, p, C, d_model) in enumerate(configs):
+        torch.manual_seed(51 if not hidden else hidden_seed(f"patch_embedding/init{i}"))
         module = call(PatchEmbedding, image_size, p, C, d_model, name="PatchEmbedding(...)")
         proj = getattr(module, "proj", None)
         expect(isinstance(proj, nn.Linear) and tuple(proj.weight.shape) == (d_model, C * p * p),
@@ -395,7 +431,8 @@ def check_patch_embedding(PatchEmbedding, hidden: bool = False) -> None:
         expect(getattr(module, "num_patches", None) == (image_size // p) ** 2,
                f"num_patches should be (image_size // patch_size)**2 = {(image_size // p) ** 2}.",
                "store self.num_patches in __init__.")
-        images = torch.randn(2, C, image_size, image_size, generator=generator(52))
+        images = torch.randn(2, C, image_size, image_size,
+                             generator=generator(52) if not hidden else hidden_generator(f"patch_embedding/images{i}"))
         out = call(module, images, name="PatchEmbedding.forward")
         expect_tensor(out, (2, (image_size // p) ** 2, d_model), "PatchEmbedding output")
         conv = nn.Conv2d(C, d_model, kernel_size=p, stride=p)
@@ -405,13 +442,18 @@ def check_patch_embedding(PatchEmbedding, hidden: bool = False) -> None:
             oracle = conv(images).flatten(2).transpose(1, 2)
         expect_close(out, oracle, "PatchEmbedding output (compared with a Conv2d, kernel = stride = patch_size)",
                      "patchify the images in (channel, row, col) order, then apply self.proj.", atol=1e-5)
-    try:
-        PatchEmbedding(10, 4, 3, 8)
-    except ValueError as err:
-        expect("10" in str(err) and "4" in str(err), "the ValueError should name both sizes.",
-               "say which image size and patch size do not fit, e.g. f'image_size {image_size} ...'.")
-    except NotImplementedError:
-        raise
-    else:
-        fail("PatchEmbedding(image_size=10, patch_size=4, ...) did not raise ValueError.",
-             "check image_size % patch_size == 0 in __init__ and raise ValueError naming both sizes.")
+    bad = [(10, 4, 3, 8)]
+    if hidden:
+        p = rng.randrange(2, 8)
+        bad.append((p * rng.randrange(1, 5) + rng.randrange(1, p), p, rng.randrange(1, 4), rng.randrange(2, 25)))
+    for image_size, p, C, d_model in bad:
+        try:
+            PatchEmbedding(image_size, p, C, d_model)
+        except ValueError as err:
+            expect(str(image_size) in str(err) and str(p) in str(err), "the ValueError should name both sizes.",
+                   "say which image size and patch size do not fit, e.g. f'image_size {image_size} ...'.")
+        except NotImplementedError:
+            raise
+        else:
+            fail(f"PatchEmbedding(image_size={image_size}, patch_size={p}, ...) did not raise ValueError.",
+                 "check image_size % patch_size == 0 in __init__ and raise ValueError naming both sizes.")

@@ -12,12 +12,14 @@ answer matches it, names it.
 from __future__ import annotations
 
 import math
+import random
 from typing import Callable
 
 import torch
 import torch.nn as nn
 
 from ._core import CheckFailed, call, expect, expect_close, expect_tensor, fail, generator
+from ._hidden import hidden_generator, hidden_rng, hidden_seed
 
 # ----------------------------------------------------------------------------- oracles
 
@@ -109,6 +111,11 @@ def _diagnose(got: torch.Tensor, variants: list[tuple[Callable[[], torch.Tensor]
     return default
 
 
+def _draw_base(rng: random.Random) -> float:
+    """A RoPE or sinusoid base, log-uniform between 10 and 10^6, rounded to 3 significant digits."""
+    return float(f"{10 ** rng.uniform(1, 6):.3g}")
+
+
 # ----------------------------------------------------------------------------- exercise 1
 
 def _attention_fn(d: int, seed: int, causal: bool = False, positions: bool = False) -> Callable:
@@ -154,7 +161,7 @@ def _leaky_fn(inner: Callable, size: float) -> Callable:
 
 
 def _ex1_cases(hidden: bool) -> list[tuple[str, Callable, torch.Tensor, torch.Tensor, float, bool]]:
-    g = generator(61 if not hidden else 6161)
+    g = generator(61) if not hidden else hidden_generator("is_permutation_equivariant")
     d = 8
     x = torch.randn(2, 5, d, generator=g)
     perm = torch.tensor([2, 0, 3, 1, 4])                                     # not its own inverse
@@ -170,22 +177,33 @@ def _ex1_cases(hidden: bool) -> list[tuple[str, Callable, torch.Tensor, torch.Te
         ("the sequence mean copied to every position", _mean_fn, x, perm, 1e-5, True),
     ]
     if hidden:
-        T = 7
-        x7 = torch.randn(3, T, d, generator=g)
-        perm7 = torch.tensor([3, 6, 0, 5, 1, 2, 4])
+        rng = hidden_rng("is_permutation_equivariant")
+        # At most 10 positions: a term of size 1e-4 then moves an entry by at most 9e-4 < atol = 1e-3.
+        T, d = rng.randrange(5, 11), 2 * rng.randrange(2, 7)
+        x7 = torch.randn(rng.randrange(1, 5), T, d, generator=g)
+        perm7, perm8 = _non_identity_perm(T, g), _non_identity_perm(T, g)
+        seed = lambda: rng.randrange(2 ** 31)  # noqa: E731
         cases += [
-            ("a per-token MLP with 3 outputs", _mlp_fn(d, 3, 67), x7, perm7, 1e-5, True),
+            ("a per-token MLP with 3 outputs", _mlp_fn(d, 3, seed()), x7, perm7, 1e-5, True),
             ("the sequence mean times the position index", _weighted_mean_fn, x7, perm7, 1e-5, False),
-            ("self-attention plus a position-dependent term of size 1e-3", _leaky_fn(_attention_fn(d, 64), 1e-3),
+            ("self-attention plus a position-dependent term of size 1e-3", _leaky_fn(_attention_fn(d, seed()), 1e-3),
              x7, perm7, 1e-5, False),
-            ("self-attention plus a term of size 1e-4, with atol=1e-3", _leaky_fn(_attention_fn(d, 64), 1e-4),
+            ("self-attention plus a term of size 1e-4, with atol=1e-3", _leaky_fn(_attention_fn(d, seed()), 1e-4),
              x7, perm7, 1e-3, True),
-            ("self-attention with positions, identity permutation", _attention_fn(d, 65, positions=True),
+            ("self-attention with positions, identity permutation", _attention_fn(d, seed(), positions=True),
              x7, torch.arange(T), 1e-5, True),
-            ("causal self-attention, another permutation", _attention_fn(d, 66, causal=True), x7,
-             torch.randperm(T, generator=g), 1e-5, False),
+            ("causal self-attention, another permutation", _attention_fn(d, seed(), causal=True), x7,
+             perm8, 1e-5, False),
+            ("self-attention without positions, another permutation", _attention_fn(d, seed()), x7, perm8, 1e-5, True),
         ]
     return cases
+
+
+def _non_identity_perm(T: int, g: torch.Generator) -> torch.Tensor:
+    while True:
+        perm = torch.randperm(T, generator=g)
+        if not torch.equal(perm, torch.arange(T)):
+            return perm
 
 
 def _ex1_variants() -> list[tuple[Callable, str]]:
@@ -281,7 +299,9 @@ def _sinusoidal_variants(seq_len: int, d_model: int, base: float) -> list[tuple[
 def check_sinusoidal_table(sinusoidal_table, hidden: bool = False) -> None:
     cases = [(6, 8, 10000.0), (50, 16, 100.0)]
     if hidden:
+        rng = hidden_rng("sinusoidal_table")
         cases += [(1, 4, 10000.0), (128, 512, 10000.0), (33, 10, 500.0), (100, 64, 1e6), (7, 2, 10000.0)]
+        cases += [(rng.randrange(1, 129), 2 * rng.randrange(1, 129), _draw_base(rng)) for _ in range(3)]
     for seq_len, d_model, base in cases:
         got = call(sinusoidal_table, seq_len, d_model, base)
         label = f"sinusoidal_table({seq_len}, {d_model}, base={base:g})"
@@ -304,7 +324,9 @@ def check_sinusoidal_table(sinusoidal_table, hidden: bool = False) -> None:
 def check_sinusoidal_shift_matrix(sinusoidal_shift_matrix, hidden: bool = False) -> None:
     cases = [(1, 8, 10000.0), (5, 16, 100.0), (0, 6, 10000.0)]
     if hidden:
+        rng = hidden_rng("sinusoidal_shift_matrix")
         cases += [(37, 64, 10000.0), (-3, 10, 10000.0), (12, 2, 10000.0), (20, 128, 1e6)]
+        cases += [(rng.randrange(-40, 41), 2 * rng.randrange(1, 65), _draw_base(rng)) for _ in range(3)]
     for k, d_model, base in cases:
         got = call(sinusoidal_shift_matrix, k, d_model, base)
         label = f"sinusoidal_shift_matrix({k}, {d_model}, base={base:g})"
@@ -330,10 +352,18 @@ def check_sinusoidal_shift_matrix(sinusoidal_shift_matrix, hidden: bool = False)
 # ----------------------------------------------------------------------------- exercise 4
 
 def check_learned_positional_embedding(LearnedPositionalEmbedding, hidden: bool = False) -> None:
-    configs = [(24, 64, 25)] + ([(37, 24, 50), (512, 16, 513)] if hidden else [])
-    g = generator(71 if not hidden else 7171)
-    for max_len, d_model, too_long in configs:
-        torch.manual_seed(72 + max_len)
+    configs = [(24, 64, 25)]
+    if hidden:
+        rng = hidden_rng("learned_positional_embedding")
+        configs += [(37, 24, 50), (512, 16, 513)]
+        for _ in range(2):
+            # At least 1500 entries, so that the std of the initial table is measured within 3%.
+            max_len = rng.randrange(2, 300)
+            d_model = rng.randrange(max(4, -(-1500 // max_len)), max(5, -(-1500 // max_len)) + 64)
+            configs.append((max_len, d_model, max_len + rng.randrange(1, 20)))
+    g = generator(71) if not hidden else hidden_generator("learned_positional_embedding")
+    for i, (max_len, d_model, too_long) in enumerate(configs):
+        torch.manual_seed(72 + max_len if not hidden else hidden_seed(f"learned_positional_embedding/init{i}"))
         module = call(LearnedPositionalEmbedding, max_len, d_model, name="LearnedPositionalEmbedding(...)")
         weight = getattr(module, "weight", None)
         expect(isinstance(weight, nn.Parameter),
@@ -402,7 +432,10 @@ def check_learned_positional_embedding(LearnedPositionalEmbedding, hidden: bool 
 # ----------------------------------------------------------------------------- exercise 5
 
 def check_rope_frequencies(rope_frequencies, hidden: bool = False) -> None:
-    cases = [(8, 10000.0), (64, 500.0)] + ([(2, 10000.0), (128, 1e6), (6, 10.0)] if hidden else [])
+    cases = [(8, 10000.0), (64, 500.0)]
+    if hidden:
+        rng = hidden_rng("rope_frequencies")
+        cases += [(2, 10000.0), (128, 1e6), (6, 10.0)] + [(2 * rng.randrange(1, 129), _draw_base(rng)) for _ in range(3)]
     for d_head, base in cases:
         got = call(rope_frequencies, d_head, base)
         label = f"rope_frequencies({d_head}, base={base:g})"
@@ -420,8 +453,13 @@ def check_rope_frequencies(rope_frequencies, hidden: bool = False) -> None:
 
 
 def check_rotate_half(rotate_half, hidden: bool = False) -> None:
-    shapes = [(2, 3, 8), (4,)] + ([(2, 2, 5, 16), (1, 2)] if hidden else [])
-    g = generator(81 if not hidden else 8181)
+    shapes = [(2, 3, 8), (4,)]
+    if hidden:
+        rng = hidden_rng("rotate_half")
+        shapes += [(2, 2, 5, 16), (1, 2)]
+        shapes += [(*(rng.randrange(1, 5) for _ in range(rng.randrange(0, 3))), 2 * rng.randrange(1, 17))
+                   for _ in range(2)]
+    g = generator(81) if not hidden else hidden_generator("rotate_half")
     for shape in shapes:
         x = torch.randn(*shape, generator=g)
         x_before = x.clone()
@@ -490,11 +528,21 @@ def _check_rope(apply_fn: Callable, name: str, pairing: str, hidden: bool) -> No
     cases = [((6, 8), torch.arange(6), 10000.0),
              ((2, 3, 5, 16), torch.tensor([0, 3, 7, 12, 40]), 100.0)]
     if hidden:
-        g = generator(9191 if pairing == "half" else 9292)
+        g = hidden_generator(name)
+        rng = hidden_rng(name)
         cases += [((4, 2), torch.arange(4), 10000.0),
                   ((3, 2, 7, 64), torch.arange(7) * 5, 10000.0),
                   ((2, 9, 32), torch.tensor([0.0, 0.5, 1.25, 2.0, 7.5, 10.0, 11.0, 30.25, 31.0]), 10000.0),
                   ((1, 4, 6, 10), torch.arange(10, 16), 1e6)]
+        for _ in range(2):
+            # Positions up to 40, as in the cases above: float32 angles stay within the tolerance.
+            T = rng.randrange(1, 13)
+            shape = (*(rng.randrange(1, 4) for _ in range(rng.randrange(0, 3))), T, 2 * rng.randrange(1, 33))
+            if rng.random() < 0.5:
+                positions = torch.arange(T) * rng.randrange(1, 4) + rng.randrange(0, 4)
+            else:
+                positions = (torch.rand(T, generator=g) * 40).sort().values
+            cases.append((shape, positions, _draw_base(rng)))
     for shape, positions, base in cases:
         x = torch.randn(*shape, generator=g)
         x_before = x.clone()
@@ -563,8 +611,12 @@ def _rope_scores(w_q: torch.Tensor, w_k: torch.Tensor, x: torch.Tensor, n_heads:
 
 
 def check_interleaved_to_half_split(interleaved_to_half_split, hidden: bool = False) -> None:
-    configs = [(2, 8, 12)] + ([(4, 16, 24), (3, 6, 18), (1, 32, 32), (8, 2, 16)] if hidden else [])
-    g = generator(101 if not hidden else 10101)
+    configs = [(2, 8, 12)]
+    if hidden:
+        rng = hidden_rng("interleaved_to_half_split")
+        configs += [(4, 16, 24), (3, 6, 18), (1, 32, 32), (8, 2, 16)]
+        configs += [(rng.randrange(1, 9), 2 * rng.randrange(1, 17), rng.randrange(2, 49)) for _ in range(2)]
+    g = generator(101) if not hidden else hidden_generator("interleaved_to_half_split")
     for n_heads, d_head, d_model in configs:
         d_out = n_heads * d_head
         w_q, w_k = torch.randn(d_out, d_model, generator=g), torch.randn(d_out, d_model, generator=g)
@@ -614,7 +666,10 @@ def check_alibi_slopes(alibi_slopes, hidden: bool = False) -> None:
     hand = {8: [2.0 ** -h for h in range(1, 9)],
             4: [2.0 ** -2, 2.0 ** -4, 2.0 ** -6, 2.0 ** -8],
             6: [2.0 ** -2, 2.0 ** -4, 2.0 ** -6, 2.0 ** -8, 2.0 ** -1, 2.0 ** -3]}
-    counts = [8, 4, 6] + ([1, 2, 3, 5, 7, 12, 16, 20, 24, 32, 40, 64, 96] if hidden else [])
+    counts = [8, 4, 6]
+    if hidden:
+        rng = hidden_rng("alibi_slopes")
+        counts += [1, 2, 3, 5, 7, 12, 16, 20, 24, 32, 40, 64, 96] + [rng.randrange(1, 129) for _ in range(3)]
     for n in counts:
         want = torch.tensor(hand.get(n) or _alibi_slopes_oracle(n), dtype=torch.float64)
         got = call(alibi_slopes, n)
@@ -655,9 +710,12 @@ def check_alibi_slopes(alibi_slopes, hidden: bool = False) -> None:
 def check_alibi_bias(alibi_bias, hidden: bool = False) -> None:
     cases = [(torch.tensor([0.5]), 3), (torch.tensor(_alibi_slopes_oracle(4), dtype=torch.float32), 6)]
     if hidden:
-        g = generator(111)
+        g, rng = hidden_generator("alibi_bias"), hidden_rng("alibi_bias")
         cases += [(torch.rand(3, generator=g) + 0.1, 1), (torch.tensor(_alibi_slopes_oracle(12), dtype=torch.float32), 9),
                   (torch.rand(5, generator=g), 17)]
+        # seq_len 4 and up: the hand-derived 3 x 3 bias above belongs to the slope 0.5.
+        cases += [(torch.rand(rng.randrange(1, 13), generator=g), rng.randrange(4, 33)),
+                  (torch.tensor(_alibi_slopes_oracle(rng.randrange(1, 17)), dtype=torch.float32), rng.randrange(4, 33))]
     hand = torch.tensor([[[0.0, -0.5, -1.0], [-0.5, 0.0, -0.5], [-1.0, -0.5, 0.0]]], dtype=torch.float64)
     for slopes, seq_len in cases:
         before = slopes.clone()
@@ -690,8 +748,12 @@ def check_alibi_bias(alibi_bias, hidden: bool = False) -> None:
 def check_interpolate_positions(interpolate_positions, hidden: bool = False) -> None:
     cases = [(torch.arange(8), 2.0), (torch.arange(6), 1.0)]
     if hidden:
+        g, rng = hidden_generator("interpolate_positions"), hidden_rng("interpolate_positions")
         cases += [(torch.arange(4096), 4.0), (torch.tensor([0.0, 2.5, 7.0]), 1.5), (torch.arange(10, 30), 8.0),
                   (torch.arange(5), 3.0)]
+        start = rng.randrange(0, 100)
+        cases += [(torch.arange(start, start + rng.randrange(1, 2000)), round(rng.uniform(1.0, 16.0), 2)),
+                  ((torch.rand(rng.randrange(1, 50), generator=g) * 100).sort().values, round(rng.uniform(1.0, 16.0), 2))]
     for positions, scale in cases:
         before = positions.clone()
         got = call(interpolate_positions, positions, scale)
@@ -717,7 +779,9 @@ def check_interpolate_positions(interpolate_positions, hidden: bool = False) -> 
 def check_ntk_scaled_base(ntk_scaled_base, hidden: bool = False) -> None:
     cases = [(10000.0, 4.0, 128), (10000.0, 1.0, 64), (500000.0, 8.0, 64)]
     if hidden:
+        rng = hidden_rng("ntk_scaled_base")
         cases += [(10000.0, 2.0, 4), (10000.0, 16.0, 256), (1e6, 1.5, 96), (100.0, 3.0, 8)]
+        cases += [(_draw_base(rng), round(rng.uniform(1.0, 32.0), 2), 2 * rng.randrange(2, 129)) for _ in range(3)]
     for base, scale, d_head in cases:
         got = call(ntk_scaled_base, base, scale, d_head)
         label = f"ntk_scaled_base({base:g}, scale={scale:g}, d_head={d_head})"

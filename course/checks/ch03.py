@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import functools
 import math
-import random
 from typing import Any, Callable
 
 import torch
@@ -24,6 +23,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 from ._core import call, expect, expect_close, expect_tensor, fail, forbid, generator
+from ._hidden import hidden_generator, hidden_rng, hidden_seed
 
 # ----------------------------------------------------------------------------- helpers
 
@@ -56,6 +56,29 @@ class _LargestTensor(TorchDispatchMode):
     def __init__(self) -> None:
         super().__init__()
         self.nbytes, self.op = 0, ""
+        self._remote = None
+
+    # Judged outside the kernel, the student's code runs in the kernel: record there too,
+    # and take the kernel's record after each call.
+    def __enter__(self):
+        from .. import probe
+
+        self._remote = probe.kernel_context("course.checks.ch03:_LargestTensor", owner=self)
+        self._remote.__enter__()
+        return super().__enter__()
+
+    def __exit__(self, *exc):
+        try:
+            return super().__exit__(*exc)
+        finally:
+            self._remote.__exit__(*exc)
+
+    def remote_state(self) -> dict:
+        return {"nbytes": self.nbytes, "op": self.op}
+
+    def absorb(self, state: dict) -> None:
+        if isinstance(state, dict) and int(state.get("nbytes", 0)) > self.nbytes:
+            self.nbytes, self.op = int(state["nbytes"]), str(state.get("op", ""))
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
@@ -100,7 +123,7 @@ def _softmax_no_keepdim(x: torch.Tensor, dim: int) -> torch.Tensor | None:
 
 @_one_thread
 def check_softmax(softmax, hidden: bool = False) -> None:
-    g = generator(301 if not hidden else 3301)
+    g = generator(301) if not hidden else hidden_generator("softmax")
     cases = [  # (x, dim, what)
         (torch.tensor([[1.0, 2.0, 3.0], [0.0, 0.0, 0.0]]), -1, "a small example"),
         (torch.randn(3, 5, generator=g), -1, "a (3, 5) input along dim=-1"),
@@ -116,6 +139,13 @@ def check_softmax(softmax, hidden: bool = False) -> None:
                   (torch.randn(5, generator=g, dtype=torch.float64), 0, "a float64 vector"),
                   (torch.randn(3, 1, generator=g), -1, "a single column"),
                   (-torch.rand(6, 6, generator=g) * 1e4, -2, "large negative entries along dim=-2")]
+        rng = hidden_rng("softmax")
+        for _ in range(2):
+            shape = tuple(rng.randrange(1, 7) for _ in range(rng.randrange(1, 4)))
+            dim = rng.randrange(-len(shape), len(shape))
+            scale, offset = rng.choice([1.0, 10.0, 30.0]), rng.choice([0.0, 200.0, -500.0, 1000.0])
+            cases.append((torch.randn(shape, generator=g) * scale + offset, dim,
+                          f"a {shape} input (scale {scale:g}, offset {offset:g}) along dim={dim}"))
     for x, dim, what in cases:
         original = x.clone()
         with forbid(*_SOFTMAX_BUILTINS, exercise="the softmax"):
@@ -251,7 +281,7 @@ def _check_attention_case(fn, q, k, v, mask, what: str) -> None:
 @_one_thread
 def check_scaled_dot_product_attention(scaled_dot_product_attention, hidden: bool = False) -> None:
     fn = scaled_dot_product_attention
-    g = generator(302 if not hidden else 3302)
+    g = generator(302 if not hidden else 3302)   # the hand-picked cases: their tolerances were checked on these
     r = lambda *shape, **kw: torch.randn(*shape, generator=g, **kw)  # noqa: E731
     cases = []
     cases.append((r(2, 5, 8), r(2, 5, 8), r(2, 5, 8), None, "q, k, v of shape (2, 5, 8), no mask"))
@@ -281,6 +311,16 @@ def check_scaled_dot_product_attention(scaled_dot_product_attention, hidden: boo
                       "a per-head mask (2, 3, 5, 5) with an empty row"))
         causal_x = torch.ones(6, 6, dtype=torch.bool).tril()
         cases.append((r(6, 8), r(6, 8), r(6, 8), causal_x, "2-D inputs (T, d) and a (T, T) mask"))
+        rng, gh = hidden_rng("scaled_dot_product_attention"), hidden_generator("scaled_dot_product_attention")
+        rh = lambda *shape: torch.randn(*shape, generator=gh)  # noqa: E731
+        for _ in range(2):
+            # Scores of spread up to 2 (d_k <= 64): float32 rounding stays well inside the tolerance.
+            B, H, T_q, T_k = rng.randrange(1, 4), rng.randrange(1, 5), rng.randrange(1, 10), rng.randrange(1, 10)
+            d_k, d_v, spread = rng.randrange(1, 65), rng.randrange(1, 17), rng.choice([0.5, 1.0, 2.0])
+            mask = torch.rand(B, rng.choice([1, H]), T_q, T_k, generator=gh) > rng.uniform(0.2, 0.8)
+            cases.append((rh(B, H, T_q, d_k) * spread, rh(B, H, T_k, d_k) * spread, rh(B, H, T_k, d_v),
+                          mask if rng.random() < 0.7 else None,
+                          f"(B, n_heads, T_q, d_k) = {(B, H, T_q, d_k)} against {T_k} keys, d_v = {d_v}"))
     for q, k, v, mask, what in cases:
         _check_attention_case(fn, q, k, v, mask, what)
     # Rows with no allowed key must also be safe to train through.
@@ -302,7 +342,8 @@ def check_scaled_dot_product_attention(scaled_dot_product_attention, hidden: boo
 
 @_one_thread
 def check_masks(causal_mask, padding_mask, hidden: bool = False) -> None:
-    for T in ([1, 4, 6] + ([2, 17] if hidden else [])):
+    rng = hidden_rng("masks")
+    for T in ([1, 4, 6] + ([2, 17, rng.randrange(3, 40)] if hidden else [])):
         got = call(causal_mask, T)
         expect(isinstance(got, torch.Tensor) and got.dtype == torch.bool,
                f"causal_mask({T}) should be a bool tensor, got {getattr(got, 'dtype', type(got).__name__)}.",
@@ -321,8 +362,8 @@ def check_masks(causal_mask, padding_mask, hidden: bool = False) -> None:
             else:
                 hint = "True exactly where key j <= query i: torch.ones(T, T, dtype=torch.bool).tril()."
             fail(f"causal_mask({T})[0, 0] is\n{g2.int()}\nexpected\n{want.int()}", hint)
-    g = generator(303 if not hidden else 3303)
-    shapes = [(2, 5), (3, 1)] + ([(4, 9), (1, 6)] if hidden else [])
+    g = generator(303) if not hidden else hidden_generator("masks")
+    shapes = [(2, 5), (3, 1)] + ([(4, 9), (1, 6), (rng.randrange(1, 6), rng.randrange(1, 13))] if hidden else [])
     for B, T in shapes:
         pad_id = 0 if (B + T) % 2 else 7
         ids = torch.randint(1, 20, (B, T), generator=g)
@@ -478,17 +519,23 @@ def _causality(module, x, mask, name, t: int) -> None:
 
 @_one_thread
 def check_multi_head_attention(MultiHeadAttention, hidden: bool = False) -> None:
-    configs = [(16, 4, True), (12, 3, False)] + ([(24, 8, True), (10, 1, True), (8, 8, False)] if hidden else [])
-    for d_model, n_heads, bias in configs:
-        torch.manual_seed(304 + d_model)
+    configs = [(16, 4, True), (12, 3, False)]
+    rng = hidden_rng("multi_head_attention")
+    if hidden:
+        configs += [(24, 8, True), (10, 1, True), (8, 8, False)]
+        for _ in range(2):
+            n_heads = rng.randrange(1, 7)
+            configs.append((n_heads * rng.randrange(1, 9), n_heads, rng.random() < 0.5))
+    for i, (d_model, n_heads, bias) in enumerate(configs):
+        torch.manual_seed(304 + d_model if not hidden else hidden_seed(f"multi_head_attention/init{i}"))
         module = call(MultiHeadAttention, d_model, n_heads, bias=bias, name="MultiHeadAttention(...)")
         _no_mha_module(module, "MultiHeadAttention")
         for attr in ("q_proj", "k_proj", "v_proj", "out_proj"):
             _check_linear(module, attr, d_model, d_model, bias, "MultiHeadAttention")
         ref = nn.MultiheadAttention(d_model, n_heads, bias=bias, batch_first=True)
         _copy_from_torch_mha(module, ref, d_model)
-        g = generator(3040 + d_model + (1000 if hidden else 0))
-        B, T, T_kv = 2, 5, 7
+        g = generator(3040 + d_model) if not hidden else hidden_generator(f"multi_head_attention/{i}")
+        B, T, T_kv = (2, 5, 7) if not hidden else (rng.randrange(2, 4), rng.randrange(4, 9), rng.randrange(5, 10))
         x = torch.randn(B, T, d_model, generator=g)
         y = _forward(module, x, name="MultiHeadAttention")
         expect_tensor(y, (B, T, d_model), "MultiHeadAttention output (self-attention)")
@@ -509,7 +556,7 @@ def check_multi_head_attention(MultiHeadAttention, hidden: bool = False) -> None
         # Cross-attention, without and with a key padding mask.
         x_kv = torch.randn(B, T_kv, d_model, generator=g)
         y = _forward(module, x, x_kv, name="MultiHeadAttention")
-        expect_tensor(y, (B, T, d_model), "MultiHeadAttention output (cross-attention, T_q=5, T_kv=7)")
+        expect_tensor(y, (B, T, d_model), f"MultiHeadAttention output (cross-attention, T_q={T}, T_kv={T_kv})")
         with torch.no_grad():
             want = ref(x, x_kv, x_kv, need_weights=False)[0]
         if not _same(y, want):
@@ -518,7 +565,7 @@ def check_multi_head_attention(MultiHeadAttention, hidden: bool = False) -> None
         keep = torch.ones(B, T_kv, dtype=torch.bool)
         keep[1, 4:] = False
         y = _forward(module, x, x_kv, mask=keep.view(B, 1, 1, T_kv), name="MultiHeadAttention")
-        expect_tensor(y, (B, T, d_model), "MultiHeadAttention output (cross-attention, T_q=5, T_kv=7)")
+        expect_tensor(y, (B, T, d_model), f"MultiHeadAttention output (cross-attention, T_q={T}, T_kv={T_kv})")
         with torch.no_grad():
             want = ref(x, x_kv, x_kv, key_padding_mask=~keep, need_weights=False)[0]
         if not _same(y, want):
@@ -553,10 +600,15 @@ def check_multi_head_attention(MultiHeadAttention, hidden: bool = False) -> None
 @_one_thread
 def check_grouped_query_attention(GroupedQueryAttention, hidden: bool = False) -> None:
     configs = [(16, 4, 2), (16, 4, 1), (16, 4, 4)]
+    rng = hidden_rng("grouped_query_attention")
     if hidden:
         configs += [(48, 6, 3), (32, 8, 2), (24, 6, 6), (12, 3, 1)]
-    for d_model, n_heads, n_kv_heads in configs:
-        torch.manual_seed(305 + d_model + n_kv_heads)
+        for _ in range(2):
+            n_kv_heads = rng.randrange(1, 5)
+            n_heads = n_kv_heads * rng.randrange(1, 4)
+            configs.append((n_heads * rng.randrange(1, 9), n_heads, n_kv_heads))
+    for i, (d_model, n_heads, n_kv_heads) in enumerate(configs):
+        torch.manual_seed(305 + d_model + n_kv_heads if not hidden else hidden_seed(f"grouped_query_attention/init{i}"))
         module = call(GroupedQueryAttention, d_model, n_heads, n_kv_heads, name="GroupedQueryAttention(...)")
         _no_mha_module(module, "GroupedQueryAttention")
         d_head = d_model // n_heads
@@ -564,8 +616,9 @@ def check_grouped_query_attention(GroupedQueryAttention, hidden: bool = False) -
         for attr in ("k_proj", "v_proj"):
             _check_linear(module, attr, d_model, n_kv_heads * d_head, False, "GroupedQueryAttention")
         _check_linear(module, "out_proj", d_model, d_model, False, "GroupedQueryAttention")
-        g = generator(3050 + d_model + n_kv_heads + (1000 if hidden else 0))
-        B, T = 2, 6
+        g = (generator(3050 + d_model + n_kv_heads) if not hidden
+             else hidden_generator(f"grouped_query_attention/{i}"))
+        B, T = (2, 6) if not hidden else (rng.randrange(1, 4), rng.randrange(3, 9))
         x = torch.randn(B, T, d_model, generator=g)
         causal = torch.ones(T, T, dtype=torch.bool).tril().view(1, 1, T, T)
         for mask in (None, causal):
@@ -612,7 +665,7 @@ def check_grouped_query_attention(GroupedQueryAttention, hidden: bool = False) -
 def check_sliding_window_mask(sliding_window_mask, hidden: bool = False) -> None:
     cases = [(6, 3, 0), (5, 1, 0), (7, 2, 2), (4, 10, 0)]
     if hidden:
-        rng = random.Random(306)
+        rng = hidden_rng("sliding_window_mask")
         cases += [(rng.randrange(1, 30), rng.randrange(1, 8), rng.randrange(0, 4)) for _ in range(8)]
         cases += [(12, 4, 12)]
     for T, window, n_global in cases:
@@ -660,12 +713,22 @@ def _full_matrix_hint(exercise: str, largest, T_q: int, T_k: int) -> str:
 
 @_one_thread
 def check_linear_attention(linear_attention, hidden: bool = False) -> None:
+    # The hand-picked shapes keep the values their hints were checked on; the drawn ones are fresh.
     g = generator(307 if not hidden else 3307)
-    shapes = [(2, 64, 4, 4), (3, 40, 3, 5)] + ([(2, 2, 100, 6, 5), (1, 50, 1, 1), (4, 1, 3, 3)] if hidden else [])
-    for shape in shapes:
+    shapes = [((2, 64, 4, 4), g), ((3, 40, 3, 5), g)]
+    if hidden:
+        rng, gh = hidden_rng("linear_attention"), hidden_generator("linear_attention")
+        shapes += [((2, 2, 100, 6, 5), g), ((1, 50, 1, 1), g), ((4, 1, 3, 3), g)]
+        for _ in range(2):
+            # d_k * d_v <= T / 2: the (T, d_k, d_v) prefix sums stay well below a (T, T) matrix.
+            T = rng.randrange(1, 121)
+            d_k = rng.randrange(1, max(2, min(9, T // 2)))
+            d_v = rng.randrange(1, max(2, min(9, T // (2 * d_k) + 1)))
+            shapes.append(((*(rng.randrange(1, 4) for _ in range(rng.randrange(1, 3))), T, d_k, d_v), gh))
+    for shape, gen in shapes:
         *batch, T, d_k, d_v = shape
-        q, k = torch.randn(*batch, T, d_k, generator=g), torch.randn(*batch, T, d_k, generator=g)
-        v = torch.randn(*batch, T, d_v, generator=g)
+        q, k = torch.randn(*batch, T, d_k, generator=gen), torch.randn(*batch, T, d_k, generator=gen)
+        v = torch.randn(*batch, T, d_v, generator=gen)
         for causal in (False, True):
             largest = _LargestTensor()
             with forbid(*_SDPA, exercise="linear attention"), largest:
@@ -731,11 +794,18 @@ def _tiled_variant(q, k, v, block, rescale_sum=True, rescale_acc=True, scaled=Tr
 
 @_one_thread
 def check_tiled_attention(tiled_attention, hidden: bool = False) -> None:
-    g = generator(308 if not hidden else 3308)
+    g = generator(308) if not hidden else hidden_generator("tiled_attention")
     cases = [((2, 64, 8), 64, 8, 16, 1.0), ((1, 2, 40, 8), 50, 6, 16, 3.0)]   # (q shape, T_k, d_v, block, spread)
     if hidden:
         cases += [((3, 96, 16), 96, 16, 32, 2.0), ((2, 10, 4), 70, 4, 7, 1.0), ((1, 48, 8), 48, 3, 48, 1.0),
                   ((2, 33, 8), 65, 8, 64, 1.0), ((1, 64, 8), 64, 8, 1, 2.0)]
+        rng = hidden_rng("tiled_attention")
+        for _ in range(2):
+            # d_k, d_v < T_q <= T_k: no input, slice or output is as large as the (T_q, T_k) scores.
+            T_q = rng.randrange(9, 65)
+            T_k, d_k, d_v = rng.randrange(T_q, 97), rng.randrange(1, 9), rng.randrange(1, 9)
+            q_shape = (*(rng.randrange(1, 4) for _ in range(rng.randrange(1, 3))), T_q, d_k)
+            cases.append((q_shape, T_k, d_v, rng.randrange(1, T_k + 8), rng.choice([1.0, 2.0, 3.0, -2.0])))
     cases.append(((2, 48, 8), 48, 8, 12, 6.0))    # scores in the hundreds: exp needs the running maximum
     cases.append(((2, 48, 8), 48, 8, 12, -6.0))   # ... and the largest scores come first
     for q_shape, T_k, d_v, block, spread in cases:
@@ -798,7 +868,7 @@ def check_kv_cache_bytes(kv_cache_bytes, hidden: bool = False) -> None:
              ((2, 4, 16, 10), dict(batch_size=3, dtype=torch.float64), 2 * 2 * 4 * 16 * 10 * 3 * 8),
              ((1, 1, 64, 100), dict(dtype=torch.int8), 2 * 64 * 100)]
     if hidden:
-        rng = random.Random(309)
+        rng = hidden_rng("kv_cache_bytes")
         for dtype, size in ((torch.bfloat16, 2), (torch.float32, 4), (torch.int8, 1), (torch.float64, 8)):
             n_layers, n_kv, d_head = rng.randrange(1, 96), rng.randrange(1, 64), rng.choice([64, 80, 96, 128, 256])
             seq_len, batch = rng.randrange(1, 200_000), rng.randrange(1, 64)

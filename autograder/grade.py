@@ -6,24 +6,63 @@ Layout of the submissions folder::
 
 A folder laid out like ``solutions/`` or ``exercises/`` (``<assignment>/<notebook>.ipynb``)
 is graded as one student named after the folder.
+
+Every entry of the submissions folder gets a row in ``grades.csv``, with one of these
+statuses (the reason is in ``notes``):
+
+``graded``
+    nbgrader ran the notebook; the score is what its tests gave. Notes explain anything the
+    grader repaired (deleted or edited locked cells, a duplicated cell, a time-out, a dead
+    kernel). Notes that start with ``review:`` are tamper evidence from a static scan of
+    the student's code (see :mod:`autograder.tamper`): for a person to read, the score is
+    not changed by them.
+``broken``
+    a submission that could not be graded (notebook missing or unreadable, nbgrader
+    failed, with its real error): zero for what could not be graded.
+``refused``
+    a symbolic link (to a notebook, an assignment folder or a student folder) or a
+    notebook that is not a regular file: never followed or read, scored zero.
+``skipped``
+    a folder (or file) that is not a submission: an unknown or misspelt assignment folder
+    (the closest known name is suggested), a hidden folder, a student folder without any
+    assignment folder, a notebook outside its assignment folder. Score 0; max_score 0
+    unless the assignment is known.
+
+Only ``.ipynb_checkpoints``, ``__pycache__`` and ``__MACOSX`` folders and hidden files
+(``.DS_Store``) are passed over without a row.
+
+Any folder name works for a student: nbgrader globs student ids, so each student is graded
+under a safe internal id (the name itself when it is plain, else a slug and a hash; the map
+is in ``nbgrader/student_ids.json``), and the real name is used in the CSV and the feedback
+path. ``grades.csv`` is written row by row, a second run on the same ``--out`` is refused
+while one is going on, and a killed run resumes: see :mod:`autograder.runlog`.
 """
 
 from __future__ import annotations
 
-import csv
+import dataclasses
+import difflib
+import hashlib
 import html
+import json
+import os
+import re
 import shutil
+import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from nbgrader.api import Gradebook, MissingEntry
 from tqdm.auto import tqdm
 
+from . import contract
 from .coursetree import CourseTree
+from .runlog import CSV_COLUMNS, OutputLocked, RunLog, fingerprint, write_atomic  # noqa: F401 (re-exported)
 from .settings import GradingSettings
-from .submission import inspect_submission, restore_deleted_cells
+from .submission import inspect_submission, normalize_cells, restore_deleted_cells
+from .tamper import REVIEW, scan_file
 
-CSV_COLUMNS = ["student", "assignment", "score", "max_score", "status", "notes"]
+IGNORED = {".ipynb_checkpoints", "__pycache__", "__MACOSX"}
 
 
 @dataclass
@@ -34,7 +73,7 @@ class GradeRow:
     assignment: str
     score: float
     max_score: float
-    status: str = "graded"          # graded | broken (scored zero, see notes)
+    status: str = "graded"          # graded | broken | refused | skipped (see the module docstring)
     notes: list[str] = field(default_factory=list)
     feedback: list[Path] = field(default_factory=list)
 
@@ -43,20 +82,131 @@ class GradeRow:
                 "score": f"{self.score:g}", "max_score": f"{self.max_score:g}",
                 "status": self.status, "notes": "; ".join(self.notes)}
 
+    @classmethod
+    def from_csv(cls, row: dict) -> "GradeRow":
+        return cls(row["student"], row["assignment"], float(row["score"]), float(row["max_score"]),
+                   row["status"], [row["notes"]] if row["notes"] else [])
 
-def find_submissions(folder: Path, assignments: list[str]) -> list[tuple[str, str, Path]]:
-    """(student, assignment, folder) for every submission under ``folder``."""
+
+@dataclass
+class Found:
+    """An entry of the submissions folder: a submission to grade, or a row to report as is."""
+
+    student: str
+    assignment: str
+    folder: Path | None = None
+    status: str = ""                # "" to grade; else skipped | refused
+    reason: str = ""
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return (self.student, self.assignment)
+
+
+def _is_dir(path: Path) -> bool:
+    return not path.is_symlink() and path.is_dir()
+
+
+def _suggest(name: str, assignments: list[str]) -> str:
+    lowered = {a.lower(): a for a in assignments}
+    match = difflib.get_close_matches(name.lower(), list(lowered), n=1, cutoff=0.6)
+    return f"; did you mean {lowered[match[0]]}?" if match else ""
+
+
+def _student_entries(student: str, folder: Path, assignments: list[str]) -> list[Found]:
+    out: list[Found] = []
+    entries = sorted(folder.iterdir(), key=lambda p: p.name)
+    for entry in entries:
+        name = entry.name
+        if name in IGNORED:
+            continue
+        if entry.is_symlink():
+            out.append(Found(student, name, status="refused",
+                             reason=f"{name} is a symbolic link (to {_link_target(entry)}); links are not "
+                                    f"followed, so it was not graded"))
+        elif entry.is_dir():
+            if name in assignments:
+                out.append(Found(student, name, folder=entry))
+            elif name.startswith("."):
+                out.append(Found(student, name, status="skipped",
+                                 reason=f"hidden folder {name} (its name starts with '.'), not graded"))
+            else:
+                out.append(Found(student, name, status="skipped",
+                                 reason=f"unknown assignment folder {name!r}{_suggest(name, assignments)} "
+                                        f"(assignments: {', '.join(assignments)}); not graded"))
+        elif entry.suffix == ".ipynb" and entry.stem in assignments and not _is_dir(folder / entry.stem) \
+                and not (folder / entry.stem).is_symlink():
+            out.append(Found(student, entry.stem, status="skipped",
+                             reason=f"{name} is not in its assignment folder (expected "
+                                    f"{student}/{entry.stem}/{name}); not graded"))
+    if not out:
+        seen = [p.name for p in entries if p.name not in IGNORED and not p.name.startswith(".")]
+        listing = f"; found: {', '.join(seen[:5])}{' ...' if len(seen) > 5 else ''}" if seen else "; it is empty"
+        out.append(Found(student, "", status="skipped",
+                         reason=f"no assignment folder (expected {student}/<assignment>/<notebook>.ipynb "
+                                f"with an assignment among {', '.join(assignments)}){listing}"))
+    return out
+
+
+def find_submissions(folder: Path, assignments: list[str], exclude: Path | None = None) -> list[Found]:
+    """Every entry under ``folder``: the submissions to grade and the rows to report as they are.
+
+    ``exclude`` (the output folder, when it lies inside ``folder``) is passed over.
+    """
     folder = Path(folder)
     if not folder.is_dir():
         raise FileNotFoundError(f"No submissions folder at {folder}")
-    if any((folder / a).is_dir() for a in assignments):   # a solutions/ or exercises/ tree
-        return [(folder.resolve().name, a, folder / a) for a in assignments if (folder / a).is_dir()]
-    found = []
-    for student_dir in sorted(p for p in folder.iterdir() if p.is_dir() and not p.name.startswith(".")):
-        for assignment_dir in sorted(p for p in student_dir.iterdir() if p.is_dir()):
-            if assignment_dir.name in assignments:
-                found.append((student_dir.name, assignment_dir.name, assignment_dir))
+    if any((folder / a).is_dir() or (folder / a).is_symlink() for a in assignments):   # solutions/ or exercises/
+        return _student_entries(folder.resolve().name, folder, assignments)
+    found: list[Found] = []
+    for entry in sorted(folder.iterdir(), key=lambda p: p.name):
+        name = entry.name
+        if name in IGNORED or (exclude is not None and _same(entry, exclude)):
+            continue
+        if entry.is_symlink():
+            found.append(Found(name, "", status="refused",
+                               reason=f"the student folder {name} is a symbolic link (to {_link_target(entry)}); "
+                                      f"links are not followed, so it was not graded"))
+        elif entry.is_dir():
+            if name.startswith("."):
+                found.append(Found(name, "", status="skipped",
+                                   reason=f"hidden folder {name} (its name starts with '.'), not graded"))
+            else:
+                found.extend(_student_entries(name, entry, assignments))
+        elif not name.startswith("."):
+            found.append(Found(name, "", status="skipped",
+                               reason="a file, not a student folder (expected "
+                                      "<student>/<assignment>/<notebook>.ipynb); not graded"))
     return found
+
+
+def _same(a: Path, b: Path) -> bool:
+    try:
+        return not a.is_symlink() and a.resolve() == Path(b).resolve()
+    except OSError:
+        return False
+
+
+def _link_target(path: Path) -> str:
+    try:
+        return os.readlink(path)
+    except OSError:
+        return "?"
+
+
+_PLAIN_ID = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}")
+
+
+def internal_id(student: str) -> str:
+    """A student id nbgrader can use: the name when it is plain, else a slug and a hash.
+
+    nbgrader globs ids (``[``, ``*``, ``?`` would match other folders or nothing) and puts them
+    in paths; a generated id contains ``+``, which no plain name does, so ids never collide.
+    """
+    if _PLAIN_ID.fullmatch(student):
+        return student
+    slug = re.sub(r"[^A-Za-z0-9_.-]+", "_", student).strip("._-")[:40] or "student"
+    return f"{slug}+{hashlib.sha256(student.encode('utf-8', 'surrogateescape')).hexdigest()[:10]}"
 
 
 class Grader:
@@ -64,87 +214,202 @@ class Grader:
 
     def __init__(self, solutions_dir: Path, out: Path, settings: GradingSettings):
         self.out = Path(out)
+        self.solutions_dir = Path(solutions_dir)
+        self.settings = settings
         self.course_root = self.out / "nbgrader"
-        if self.course_root.exists():   # a fresh gradebook each run: same input, same output
-            shutil.rmtree(self.course_root)
-        self.course_root.mkdir(parents=True)
-        self.tree = CourseTree(self.course_root, solutions_dir, settings)
-        self.assignments = self.tree.assignments()
-        for assignment in self.assignments:
+        self.tree: CourseTree | None = None
+        self.assignments = sorted(p.name for p in self.solutions_dir.iterdir()
+                                  if p.is_dir() and any(p.glob("*.ipynb")))
+        self._ids: dict[str, str] = {}
+        self._max: dict[str, float] = {}
+
+    # ------------------------------------------------------------------ setting up
+    def _identity(self, submissions: Path) -> dict:
+        """What a resumed run must share with the run it continues."""
+        settings = json.loads(json.dumps(dataclasses.asdict(self.settings), default=str))
+        return {"submissions": str(Path(submissions).resolve()), "solutions": fingerprint(self.solutions_dir),
+                "settings": settings}
+
+    def _preflight(self) -> None:
+        """Build a throwaway course tree, so that what stops grading (no sandbox, ...) stops it
+        before an earlier run's results in ``--out`` are replaced."""
+        import tempfile
+
+        with tempfile.TemporaryDirectory(prefix="course-preflight-") as tmp:
+            CourseTree(Path(tmp), self.solutions_dir, self.settings)
+
+    def _start_fresh(self) -> None:
+        for name in ("nbgrader", "feedback"):
+            if (self.out / name).exists():
+                shutil.rmtree(self.out / name)
+
+    def _open_tree(self, assignments: list[str]) -> None:
+        """The nbgrader course tree, with the assignments this run grades generated (anew)."""
+        self.course_root.mkdir(parents=True, exist_ok=True)
+        self.tree = CourseTree(self.course_root, self.solutions_dir, self.settings)
+        for assignment in assignments:
             self.tree.generate(assignment)
+        ids_file = self.course_root / "student_ids.json"
+        if ids_file.exists():
+            try:
+                self._ids = {v: k for k, v in json.loads(ids_file.read_text(encoding="utf-8")).items()}
+            except ValueError:
+                self._ids = {}
+
+    def student_id(self, student: str) -> str:
+        """The internal id of ``student``, recorded in ``nbgrader/student_ids.json``."""
+        if student not in self._ids:
+            self._ids[student] = internal_id(student)
+            write_atomic(self.course_root / "student_ids.json",
+                         json.dumps({v: _printable(k) for k, v in sorted(self._ids.items())}, indent=1,
+                                    ensure_ascii=False))
+        return self._ids[student]
+
+    def _safe_max(self, assignment: str) -> float:
+        try:
+            return self.max_score(assignment)
+        except Exception:
+            return 0.0
 
     def max_score(self, assignment: str) -> float:
-        with Gradebook(self.tree.db_url) as gb:
-            return float(gb.find_assignment(assignment).max_score)
+        if assignment not in self.assignments:
+            return 0.0
+        if assignment not in self._max:
+            with Gradebook(self.tree.db_url) as gb:
+                self._max[assignment] = float(gb.find_assignment(assignment).max_score)
+        return self._max[assignment]
 
+    # ------------------------------------------------------------------ the run
     def grade_all(self, submissions: Path, show_progress: bool = True) -> list[GradeRow]:
-        todo = find_submissions(submissions, self.assignments)
-        if not todo:
+        log = RunLog(self.out)
+        log.acquire()
+        try:
+            return self._grade_all(Path(submissions), log, show_progress)
+        finally:
+            log.release()
+
+    def _grade_all(self, submissions: Path, log: RunLog, show_progress: bool) -> list[GradeRow]:
+        todo = find_submissions(submissions, self.assignments, exclude=self.out)
+        if not any(f.status != "skipped" for f in todo):
+            found = "; ".join(f"{f.student}/{f.assignment}: {f.reason}".replace("/: ", ": ") for f in todo[:5])
             raise FileNotFoundError(
                 f"No submissions under {submissions}: expected <student>/<assignment>/<notebook>.ipynb "
-                f"with assignments {', '.join(self.assignments)}")
-        rows = []
-        bar = tqdm(todo, desc="grading", unit="submission", disable=not show_progress)
+                f"with assignments {', '.join(self.assignments)}" + (f" (found {found})" if found else ""))
+        identity = self._identity(submissions)
+        kept = log.previous_rows(identity)
+        self._preflight()
+        if kept is None:
+            self._start_fresh()
+        kept = kept or {}
+        pending = [f for f in todo if f.key not in kept]
+        self._open_tree(sorted({f.assignment for f in pending if f.assignment in self.assignments}))
+        log.start(identity, kept)
+        if kept:
+            tqdm.write(f"resuming the unfinished run in {self.out}: {len(kept)} row(s) kept, "
+                       f"{sum(f.key not in kept for f in todo)} to grade")
+        rows = [GradeRow.from_csv(r) for r in kept.values()]
+        bar = tqdm(pending, desc="grading", unit="submission", disable=not show_progress)
         tqdm.write(f"{'student':<24} {'assignment':<22} {'score':>7} {'max':>5}  status")
-        for student, assignment, folder in bar:
-            bar.set_postfix_str(f"{student}/{assignment}")
-            row = self.grade_one(student, assignment, folder)
+        for found in bar:
+            bar.set_postfix_str(f"{found.student}/{found.assignment}")
+            try:
+                row = self.report(found) if found.status else self.grade_one(found.student, found.assignment,
+                                                                              found.folder)
+            except Exception as err:  # one submission must never stop the others
+                traceback.print_exc()
+                row = GradeRow(found.student, found.assignment, 0.0, self._safe_max(found.assignment),
+                               status="broken", notes=[f"the grader failed on this submission: "
+                                                       f"{type(err).__name__}: {str(err)[:300]}"])
+            log.append(row.csv_row())
             rows.append(row)
-            tqdm.write(f"{student:<24} {assignment:<22} {row.score:>7g} {row.max_score:>5g}  {row.status}"
-                       + (f"  ({'; '.join(row.notes)})" if row.notes else ""))
-        self.write_csv(rows)
+            tqdm.write(_printable(f"{found.student:<24} {found.assignment:<22} {row.score:>7g} {row.max_score:>5g}  "
+                                  f"{row.status}" + (f"  ({'; '.join(row.notes)})" if row.notes else "")))
+        rows.sort(key=lambda r: (r.student, r.assignment))
+        log.finish([r.csv_row() for r in rows])
         return rows
 
+    def report(self, found: Found) -> GradeRow:
+        """The row of an entry that is not graded (skipped or refused), with a feedback page."""
+        row = GradeRow(found.student, found.assignment, 0.0, self.max_score(found.assignment),
+                       status=found.status, notes=[found.reason])
+        if not found.student.startswith(".") and not found.assignment.startswith("."):
+            self._write_plain_feedback(row)
+        return row
+
     def grade_one(self, student: str, assignment: str, folder: Path) -> GradeRow:
+        sid = self.student_id(student)
         row = GradeRow(student, assignment, 0.0, self.max_score(assignment))
-        submitted = self.course_root / "submitted" / student / assignment
+        if getattr(self.settings, "unsandboxed", False):
+            row.notes.append("graded without the sandbox (--unsandboxed)")
+        submitted = self.course_root / "submitted" / sid / assignment
         if submitted.exists():
             shutil.rmtree(submitted)
         submitted.mkdir(parents=True)
-        gradable = []
-        for notebook in self.tree.notebooks(assignment):
+        notebooks = self.tree.notebooks(assignment)
+        gradable, refused, review = [], False, []
+        for notebook in notebooks:
             source = Path(folder) / f"{notebook}.ipynb"
-            found = inspect_submission(source, self.tree.release_path(assignment, notebook))
+            release = self.tree.release_path(assignment, notebook)
+            if source.is_symlink():
+                row.notes.append(f"{notebook}: {source.name} is a symbolic link (to {_link_target(source)}); links "
+                                 f"are not followed, so it was not graded")
+                refused = True
+                continue
+            if source.exists() and not source.is_file():
+                row.notes.append(f"{notebook}: {source.name} is not a regular file; not graded")
+                refused = True
+                continue
+            found = inspect_submission(source, release)
             if not found.readable:
-                row.notes.append(f"{notebook}: {found.problem}")
+                row.notes.append(f"{notebook}: {found.problem}" + _other_notebooks(source))
                 continue
             row.notes.extend(f"{notebook}: {n}" for n in found.notes())
-            shutil.copy(source, submitted / source.name)
-            restore_deleted_cells(submitted / source.name, self.tree.release_path(assignment, notebook),
-                                  found.deleted_cells)
+            try:
+                review += [_review_note(n, notebook, len(notebooks)) for n in scan_file(source, release)]
+            except Exception as err:  # the scan is evidence for a person; it must never stop grading
+                review.append(f"{REVIEW} {notebook}: the tamper scan failed ({type(err).__name__}: {err})")
+            dest = submitted / source.name
+            shutil.copyfile(source, dest)
+            row.notes.extend(f"{notebook}: {n}" for n in normalize_cells(dest, release))
+            restore_deleted_cells(dest, release, found.deleted_cells)
             gradable.append(notebook)
         if not gradable:
-            row.status = "broken"
+            row.status = "refused" if refused else "broken"
+            row.notes.extend(review)
             self._write_plain_feedback(row)
             return row
 
-        result = self.tree.api.autograde(assignment, student, force=True, create=True)
+        result = self.tree.api.autograde(assignment, sid, force=True, create=True)
         if not result.get("success"):
             row.status = "broken"
-            row.notes.append("nbgrader could not grade it: " + _last_line(result.get("error") or result.get("log")))
+            row.notes.append("nbgrader could not grade it: " + nbgrader_error(result))
+            row.notes.extend(review)
             self._write_plain_feedback(row)
             return row
-        self._read_scores(row)
-        self._note_crashes(row, gradable)
-        if len(gradable) < len(self.tree.notebooks(assignment)):
+        self._read_scores(row, sid)
+        self._note_crashes(row, sid, gradable)
+        if refused:
+            row.status = "refused"
+        elif len(gradable) < len(notebooks):
             row.status = "broken"
-        self._write_feedback(row)
+        row.notes.extend(review)
+        self._write_feedback(row, sid)
         return row
 
-    def _read_scores(self, row: GradeRow) -> None:
+    def _read_scores(self, row: GradeRow, sid: str) -> None:
         with Gradebook(self.tree.db_url) as gb:
             try:
-                submission = gb.find_submission(row.assignment, row.student)
+                submission = gb.find_submission(row.assignment, sid)
             except MissingEntry:
                 return
             row.score = float(submission.score)
 
-    def _note_crashes(self, row: GradeRow, notebooks: list[str]) -> None:
+    def _note_crashes(self, row: GradeRow, sid: str, notebooks: list[str]) -> None:
         """Record kernel deaths and time-outs found in the autograded notebooks."""
         import nbformat
 
         for notebook in notebooks:
-            path = self.course_root / "autograded" / row.student / row.assignment / f"{notebook}.ipynb"
+            path = self.course_root / "autograded" / sid / row.assignment / f"{notebook}.ipynb"
             if not path.exists():
                 continue
             nb = nbformat.read(path, as_version=4)
@@ -155,17 +420,21 @@ class Grader:
                     if output.ename == "KernelDied":
                         row.notes.append(f"{notebook}: {output.evalue}; later cells scored zero")
                     elif output.ename == "CellTimeoutError":
-                        grade_id = cell.metadata.get("nbgrader", {}).get("grade_id", "a cell")
+                        grade_id = contract.grade_id(cell) or "a cell"
                         row.notes.append(f"{notebook}: {grade_id} ran past the time limit and was stopped")
 
-    def _write_feedback(self, row: GradeRow) -> None:
-        result = self.tree.api.generate_feedback(row.assignment, row.student, force=True)
-        src = self.course_root / "feedback" / row.student / row.assignment
-        dest = self.out / "feedback" / row.student / row.assignment
+    def _feedback_dir(self, row: GradeRow) -> Path:
+        dest = self.out / "feedback" / row.student
+        return dest / row.assignment if row.assignment else dest
+
+    def _write_feedback(self, row: GradeRow, sid: str) -> None:
+        result = self.tree.api.generate_feedback(row.assignment, sid, force=True)
+        src = self.course_root / "feedback" / sid / row.assignment
+        dest = self._feedback_dir(row)
         if dest.exists():
             shutil.rmtree(dest)
         if not result.get("success") or not src.is_dir():
-            row.notes.append("feedback could not be generated: " + _last_line(result.get("error")))
+            row.notes.append("feedback could not be generated: " + nbgrader_error(result))
             self._write_plain_feedback(row)
             return
         shutil.copytree(src, dest)
@@ -175,25 +444,63 @@ class Grader:
             row.feedback.append(page)
 
     def _write_plain_feedback(self, row: GradeRow) -> None:
-        dest = self.out / "feedback" / row.student / row.assignment
+        dest = self._feedback_dir(row)
+        if dest.exists() and row.assignment:
+            shutil.rmtree(dest)
         dest.mkdir(parents=True, exist_ok=True)
         page = dest / "feedback.html"
+        title = html.escape(row.assignment or row.student)
         items = "".join(f"<li>{html.escape(n)}</li>" for n in row.notes)
         page.write_text(
-            f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{html.escape(row.assignment)}</title>"
-            f"</head><body><h1>{html.escape(row.assignment)}: {row.score:g} / {row.max_score:g}</h1>"
+            f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{title}</title>"
+            f"</head><body><h1>{title}: {row.score:g} / {row.max_score:g}</h1>"
             f"<p>This submission could not be graded, so it scored zero:</p><ul>{items}</ul></body></html>",
-            encoding="utf-8")
+            encoding="utf-8", errors="backslashreplace")
         row.feedback.append(page)
 
-    def write_csv(self, rows: list[GradeRow]) -> Path:
-        path = self.out / "grades.csv"
-        with open(path, "w", newline="", encoding="utf-8") as f:
-            writer = csv.DictWriter(f, fieldnames=CSV_COLUMNS)
-            writer.writeheader()
-            for row in rows:
-                writer.writerow(row.csv_row())
-        return path
+
+def _printable(text: str) -> str:
+    """``text`` that any terminal encoding accepts (a folder name may hold undecodable bytes)."""
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def _other_notebooks(source: Path) -> str:
+    """For a missing notebook: the notebooks that are in its folder instead."""
+    if source.exists() or not _is_dir(source.parent):
+        return ""
+    others = sorted(p.name for p in source.parent.glob("*.ipynb"))
+    return f"; the folder has {', '.join(others[:5])}" if others else ""
+
+
+def _review_note(note: str, notebook: str, n_notebooks: int) -> str:
+    """Name the notebook in a review note when the assignment has several."""
+    if n_notebooks > 1 and note.startswith(REVIEW):
+        return f"{REVIEW} {notebook}:{note[len(REVIEW):]}"
+    return note
+
+
+_EXCEPTION_LINE = re.compile(
+    r"^(?:[A-Za-z_]\w*\.)*[A-Z]\w*(?:Error|Exception|Exit|Interrupt|Died|Timeout|Failure|Warning)\b(?::.*)?$")
+_GENERIC = ("see the the above traceback", "see the above traceback", "see the error log",
+            "there was an error processing assignment")
+
+
+def nbgrader_error(result: dict) -> str:
+    """The real error of a failed nbgrader call: the exception line of its log, not its summary."""
+    text = "\n".join([result.get("log") or "", result.get("error") or ""])
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+
+    def generic(line: str) -> bool:
+        return any(g in line.lower() for g in _GENERIC)
+
+    exceptions = [ln for ln in lines if _EXCEPTION_LINE.match(ln) and not generic(ln)]
+    if exceptions:
+        return exceptions[-1][:300]
+    errors = [ln[len("[ERROR]"):].strip() for ln in lines if ln.startswith("[ERROR]") and not generic(ln)]
+    errors = [e for e in errors if e and not e.startswith("Traceback")]
+    if errors:
+        return errors[-1][:300]
+    return _last_line(result.get("error") or result.get("log"))
 
 
 def _last_line(text: str | None) -> str:
@@ -209,11 +516,14 @@ def _insert_notes(page: Path, notes: list[str]) -> None:
     text = page.read_text(encoding="utf-8")
     at = text.find("<body")
     at = text.find(">", at) + 1 if at >= 0 else 0
-    page.write_text(text[:at] + banner + text[at:], encoding="utf-8")
+    page.write_text(text[:at] + banner + text[at:], encoding="utf-8", errors="backslashreplace")
 
 
 def grade_folder(submissions: Path, out: Path, solutions_dir: Path, settings: GradingSettings,
                  show_progress: bool = True) -> list[GradeRow]:
-    """Grade every submission under ``submissions``; write ``out/grades.csv`` and feedback."""
+    """Grade every submission under ``submissions``; write ``out/grades.csv`` and feedback.
+
+    Raises :class:`OutputLocked` (a ``ValueError``) at once when another run holds ``out``.
+    """
     grader = Grader(solutions_dir, out, settings)
     return grader.grade_all(submissions, show_progress=show_progress)

@@ -1,0 +1,396 @@
+"""The grader loses nothing and hides nothing: odd folders each get a row with a reason, odd
+names grade like any other, duplicated cells are repaired, a second run on the same output is
+refused at once, and a killed run resumes without regrading what it finished.
+
+Also unit tests (fast) of the pieces: nbgrader's real error, internal ids, the lock, the CSV."""
+
+from __future__ import annotations
+
+import copy
+import csv
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from notebook_tools import ROOT, grade_id, solution_answers, student_notebook, write_notebook
+
+A = "ch01_embeddings"
+NB = f"{A}.ipynb"
+FULL = 22.0        # ch01's max score; checked against max_score in the rows
+
+
+def command(submissions: Path, out: Path) -> list[str]:
+    return [sys.executable, "-m", "autograder", "grade", str(submissions), "--out", str(out),
+            "--timeout", "20", "--profile", "smoke", "--no-progress"]
+
+
+def start(submissions: Path, out: Path) -> subprocess.Popen:
+    return subprocess.Popen(command(submissions, out), cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, start_new_session=True)
+
+
+def finish(proc: subprocess.Popen, timeout: float = 900) -> str:
+    output, _ = proc.communicate(timeout=timeout)
+    assert proc.returncode == 0, output
+    return output
+
+
+def rows_of(out: Path) -> list[dict]:
+    with open(out / "grades.csv", newline="", encoding="utf-8") as f:
+        return list(csv.DictReader(f))
+
+
+def by_key(rows: list[dict]) -> dict[tuple[str, str], dict]:
+    return {(r["student"], r["assignment"]): r for r in rows}
+
+
+def wait_for(predicate, timeout: float, what: str, proc: subprocess.Popen | None = None) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if proc is not None and proc.poll() is not None:
+            raise AssertionError(f"the grader ended before {what}: {proc.stdout.read()}")
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.1)
+
+
+def answers() -> dict[str, str]:
+    return solution_answers(A)
+
+
+# ============================================================================ unit tests (fast)
+
+def test_real_nbgrader_error_not_its_summary():
+    from autograder.grade import nbgrader_error
+
+    result = {"success": False,
+              "log": "[WARNING] Cell with id 'ex3_answer' exists multiple times!\n"
+                     "[ERROR] There was an error processing assignment: /x/submitted/s/ch01\n"
+                     "[ERROR] Traceback (most recent call last):\n      File \"x.py\", line 1, in f\n"
+                     "    KeyError: 'grade_id'\n    \n"
+                     "[ERROR] There was an error processing assignment 'ch01' for student 's'\n"
+                     "[ERROR] Please see the the above traceback for details on the specific errors on the above failures.",
+              "error": "Traceback (most recent call last):\n  File \"base.py\", line 468\n"
+                       "nbgrader.converters.base.NbGraderException: Please see the the above traceback for details on "
+                       "the specific errors on the above failures.\n"}
+    assert nbgrader_error(result) == "KeyError: 'grade_id'"
+    unresponsive = {"success": False, "log": "[ERROR] While processing assignment x, the kernel became unresponsive\n"
+                                             "[ERROR] Please see the the above traceback for details."}
+    assert nbgrader_error(unresponsive).startswith("While processing assignment x, the kernel became unresponsive")
+
+
+def test_internal_ids_are_safe_distinct_and_stable():
+    from autograder.grade import internal_id
+
+    assert internal_id("alice") == "alice" and internal_id("bob_2.x-y") == "bob_2.x-y"
+    odd = ["n2 glob[1]", "n2 glob[2]", "Zoë *?", "?", "*", "a b", "a_b+0123456789", "é" * 80]
+    ids = [internal_id(n) for n in odd]
+    assert len(set(ids)) == len(ids)
+    assert all(not set(i) & set("[]*? /\\") and i.isascii() for i in ids), ids
+    assert internal_id("n2 glob[1]") == ids[0]
+
+
+def test_second_lock_on_the_same_out_fails_at_once(tmp_path):
+    from autograder.runlog import OutputLocked, RunLog
+
+    first, second = RunLog(tmp_path), RunLog(tmp_path)
+    first.acquire()
+    try:
+        with pytest.raises(OutputLocked, match=f"pid {os.getpid()}"):
+            second.acquire()
+        assert issubclass(OutputLocked, ValueError)           # the CLI turns it into "error: ..." and exit 2
+    finally:
+        first.release()
+    second.acquire()                                          # free again once released
+    second.release()
+
+
+def test_rows_are_on_disk_as_they_finish_and_sorted_at_the_end(tmp_path):
+    from autograder.runlog import DONE_FILE, RunLog
+
+    log = RunLog(tmp_path)
+    log.acquire()
+    identity = {"submissions": "x"}
+    assert log.previous_rows(identity) is None
+    log.start(identity, None)
+    row = {"student": "zed", "assignment": A, "score": "1", "max_score": "2", "status": "graded", "notes": ""}
+    log.append(row)
+    assert rows_of(tmp_path) == [row]                         # readable before the run ends
+    log.release()
+    log.acquire()
+    with open(tmp_path / "grades.csv", "a", encoding="utf-8") as f:
+        f.write("amy,ch01_embeddings,3")                    # a row cut short by a kill
+    assert log.previous_rows(identity) == {("zed", A): row}
+    with pytest.raises(ValueError, match="unfinished grading run of other inputs"):
+        log.previous_rows({"submissions": "y"})
+    log.start(identity, {("zed", A): row})
+    log.append({**row, "student": "amy"})
+    log.finish(rows_of(tmp_path))
+    assert [r["student"] for r in rows_of(tmp_path)] == ["amy", "zed"]
+    assert (tmp_path / DONE_FILE).exists() and log.previous_rows(identity) is None   # finished: start fresh
+    log.release()
+
+
+def test_undecodable_folder_names_do_not_stop_the_run(tmp_path):
+    from autograder.grade import internal_id
+    from autograder.runlog import RunLog
+
+    name = b"caf\xe9".decode("utf-8", "surrogateescape")     # a Latin-1 name on a UTF-8 system
+    assert internal_id(name).isascii()
+    log = RunLog(tmp_path)
+    log.acquire()
+    log.start({}, None)
+    row = {"student": name, "assignment": A, "score": "0", "max_score": "22", "status": "broken", "notes": name}
+    log.append(row)
+    log.finish([row])
+    log.release()
+    assert rows_of(tmp_path)[0]["student"] == "caf\\udce9"
+
+
+def test_duplicated_cells_are_repaired(tmp_path):
+    from autograder.submission import normalize_cells
+
+    nb = student_notebook(A, answers())
+    at = {grade_id(c): i for i, c in enumerate(nb.cells)}
+    early = copy.deepcopy(nb.cells[at["ex3_answer"]])
+    early.source = "def encode(text, merges, special_tokens=None):\n    return []"
+    edited_test = copy.deepcopy(nb.cells[at["ex2_visible"]])
+    edited_test.source = "pass  # my own test"
+    early.id, edited_test.id = "copy0001", "copy0002"      # Jupyter gives a pasted cell a new id
+    nb.cells.insert(at["ex3_answer"], early)
+    nb.cells.insert(at["ex2_visible"] + 1, edited_test)                # a copy after the released one
+    unknown = nbformat.v4.new_code_cell("y = 2", metadata={"nbgrader": {"grade_id": "ex99", "grade": True, "points": 50}})
+    nb.cells.append(unknown)
+    for cell in nb.cells:
+        if grade_id(cell) == "ex1_visible":
+            cell.metadata.nbgrader["points"] = 100
+    nb.cells.append(nbformat.v4.new_code_cell("z = 3", metadata={"nbgrader": "hand-edited"}))
+    path = write_notebook(nb, tmp_path / NB)
+    notes = normalize_cells(path, ROOT / "exercises" / A / NB)
+    assert notes == [
+        "cells with nbgrader ids the assignment does not have, run as ordinary cells: (malformed metadata), ex99",
+        "duplicated cell ex2_visible: kept the released copy and removed the other copy",
+        "duplicated cell ex3_answer: kept the last copy as the answer (the earlier copy runs as an ordinary cell)",
+        "nbgrader metadata edited (restored from the original): ex1_visible",
+    ]
+    fixed = nbformat.read(path, as_version=4)
+    ids = [grade_id(c) for c in fixed.cells if grade_id(c)]
+    assert len(ids) == len(set(ids)) and "ex99" not in ids
+    sources = [c.source for c in fixed.cells]
+    assert early.source in sources and "pass  # my own test" not in sources
+    answer = next(c for c in fixed.cells if grade_id(c) == "ex3_answer")
+    assert answer.source == answers()["ex3_answer"]
+    assert len({c.id for c in fixed.cells}) == len(fixed.cells)
+
+
+def test_folders_are_classified(tmp_path):
+    from autograder.grade import find_submissions
+
+    assignments = ["ch01_embeddings", "ch02_positions"]
+    for folder in ["ok/ch01_embeddings", "typo/Ch01_Embedings", ".hidden/ch01_embeddings", "empty",
+                   "ok/.ipynb_checkpoints", "__MACOSX", "loose"]:
+        (tmp_path / folder).mkdir(parents=True)
+    (tmp_path / "loose" / "ch02_positions.ipynb").write_text("{}")
+    (tmp_path / "stray.txt").write_text("")
+    (tmp_path / "linked").symlink_to(tmp_path / "ok")
+    found = {(f.student, f.assignment): f for f in find_submissions(tmp_path, assignments)}
+    assert set(found) == {("ok", A), ("typo", "Ch01_Embedings"), (".hidden", ""), ("empty", ""),
+                          ("loose", "ch02_positions"), ("stray.txt", ""), ("linked", "")}
+    assert found[("ok", A)].status == "" and found[("linked", "")].status == "refused"
+    assert "did you mean ch01_embeddings?" in found[("typo", "Ch01_Embedings")].reason
+    assert all(f.status == "skipped" for k, f in found.items() if k[0] not in ("ok", "linked"))
+    assert "not in its assignment folder" in found[("loose", "ch02_positions")].reason
+
+
+# ============================================================================ end to end (slow)
+
+def _odd_submissions(root: Path) -> None:
+    ans = answers()
+    write_notebook(student_notebook(A, ans), root / "good" / A / NB)
+
+    dup = student_notebook(A, ans)                          # an early wrong attempt, pasted above the answer
+    at = next(i for i, c in enumerate(dup.cells) if grade_id(c) == "ex3_answer")
+    early = copy.deepcopy(dup.cells[at])
+    early.source = "def encode(text, merges, special_tokens=None):\n    return []"
+    early.id = "copy0001"
+    dup.cells.insert(at, early)
+    write_notebook(dup, root / "n2 glob[1]" / A / NB)
+
+    odd = student_notebook(A, {**ans, "ex4_answer": "torch.allclose = torch.allclose\n" + ans["ex4_answer"]})
+    at = next(i for i, c in enumerate(odd.cells) if grade_id(c) == "ex2_visible")
+    pasted = copy.deepcopy(odd.cells[at])                   # a test cell pasted twice
+    pasted.id = "copy0002"
+    odd.cells.insert(at + 1, pasted)
+    odd.cells.append(nbformat.v4.new_code_cell("import subprocess\n!ls"))
+    write_notebook(odd, root / "Zoë *?" / A / NB)
+
+    write_notebook(student_notebook(A, ans), root / "typo" / "ch01_embedings" / NB)
+    write_notebook(student_notebook(A, ans), root / ".hidden" / A / NB)
+    (root / "empty").mkdir()
+    (root / "symlink_nb" / A).mkdir(parents=True)
+    (root / "symlink_nb" / A / NB).symlink_to(ROOT / "solutions" / A / NB)
+    (root / "symlink_dir").mkdir()
+    (root / "symlink_dir" / A).symlink_to(ROOT / "solutions" / A)
+    (root / "symlink_student").symlink_to(ROOT / "solutions")
+
+
+@pytest.fixture(scope="module")
+def odd_batch(tmp_path_factory):
+    """One grading run over every odd case; meanwhile a second run on the same --out (refused)
+    and a third on another --out (must not interfere)."""
+    base = tmp_path_factory.mktemp("odd")
+    root, out = base / "submissions", base / "out"
+    _odd_submissions(root)
+    solo, solo_out = base / "solo", base / "solo-out"
+    write_notebook(student_notebook(A, answers()), solo / "only" / A / NB)
+
+    main = start(root, out)
+    other = start(solo, solo_out)
+    wait_for(lambda: "pid" in _read(out / ".grading.lock"), 120, "the first run to take its lock", main)
+    t0 = time.monotonic()
+    second = subprocess.run(command(root, out), cwd=ROOT, capture_output=True, text=True, timeout=120)
+    locked = (second.returncode, second.stderr, time.monotonic() - t0, main.poll())
+    output = finish(main)
+    other_output = finish(other)
+    return {"rows": rows_of(out), "out": out, "output": output, "locked": locked,
+            "other": (rows_of(solo_out), other_output)}
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text()
+    except OSError:
+        return ""
+
+
+@pytest.mark.slow
+def test_every_folder_gets_a_row_with_a_reason(odd_batch):
+    rows = by_key(odd_batch["rows"])
+    assert set(rows) == {("good", A), ("n2 glob[1]", A), ("Zoë *?", A), ("typo", "ch01_embedings"), (".hidden", ""),
+                         ("empty", ""), ("symlink_nb", A), ("symlink_dir", A), ("symlink_student", "")}
+    assert [(r["student"], r["assignment"]) for r in odd_batch["rows"]] == sorted(rows)
+
+    def check(key, status, score, *words):
+        row = rows[key]
+        assert (row["status"], float(row["score"])) == (status, score), row
+        for word in words:
+            assert word in row["notes"], (word, row)
+
+    check(("good", A), "graded", FULL)
+    assert rows[("good", A)]["notes"] == "" and float(rows[("good", A)]["max_score"]) == FULL
+    check(("typo", "ch01_embedings"), "skipped", 0, "unknown assignment folder", "did you mean ch01_embeddings?")
+    check((".hidden", ""), "skipped", 0, "hidden folder")
+    check(("empty", ""), "skipped", 0, "no assignment folder")
+    check(("symlink_nb", A), "refused", 0, "symbolic link", "not followed")
+    check(("symlink_dir", A), "refused", 0, "symbolic link", "not followed")
+    check(("symlink_student", ""), "refused", 0, "symbolic link")
+    assert float(rows[("symlink_nb", A)]["max_score"]) == FULL
+    feedback = odd_batch["out"] / "feedback"
+    assert "did you mean" in (feedback / "typo" / "ch01_embedings" / "feedback.html").read_text(encoding="utf-8")
+    assert "symbolic link" in (feedback / "symlink_nb" / A / "feedback.html").read_text(encoding="utf-8")
+
+
+@pytest.mark.slow
+def test_odd_names_grade_like_any_other(odd_batch):
+    rows = by_key(odd_batch["rows"])
+    for student in ("n2 glob[1]", "Zoë *?"):
+        assert float(rows[(student, A)]["score"]) == FULL, rows[(student, A)]
+        pages = list((odd_batch["out"] / "feedback" / student / A).glob("*.html"))
+        assert pages, f"no feedback under the real name {student!r}"
+    ids = json.loads((odd_batch["out"] / "nbgrader" / "student_ids.json").read_text(encoding="utf-8"))
+    assert sorted(ids.values()) == sorted(["good", "n2 glob[1]", "Zoë *?", "symlink_nb"])
+
+
+@pytest.mark.slow
+def test_duplicated_cells_are_graded_with_a_note(odd_batch):
+    rows = by_key(odd_batch["rows"])
+    assert "duplicated cell ex3_answer: kept the last copy" in rows[("n2 glob[1]", A)]["notes"]
+    assert "see the above traceback" not in rows[("n2 glob[1]", A)]["notes"]
+    assert "duplicated cell ex2_visible: kept the released copy" in rows[("Zoë *?", A)]["notes"]
+
+
+@pytest.mark.slow
+def test_review_notes_reach_csv_and_feedback_without_changing_the_score(odd_batch):
+    row = by_key(odd_batch["rows"])[("Zoë *?", A)]
+    assert float(row["score"]) == FULL
+    assert "review: ex4_answer line 1 patches torch.allclose" in row["notes"]
+    assert "imports subprocess" in row["notes"] and "runs a shell command (!ls)" in row["notes"]
+    page = next((odd_batch["out"] / "feedback" / "Zoë *?" / A).glob("*.html")).read_text(encoding="utf-8")
+    assert "review: ex4_answer line 1 patches torch.allclose" in page
+
+
+@pytest.mark.slow
+def test_second_run_on_the_same_out_is_refused_at_once(odd_batch):
+    returncode, stderr, seconds, first_still_running = odd_batch["locked"]
+    assert returncode == 2, stderr
+    assert "error: " in stderr and "in use by another grade run" in stderr, stderr
+    assert first_still_running is None and seconds < 60
+
+
+@pytest.mark.slow
+def test_runs_on_different_outs_do_not_interfere(odd_batch):
+    rows, output = odd_batch["other"]
+    assert [(r["student"], r["status"], float(r["score"]), r["notes"]) for r in rows] == [("only", "graded", FULL, "")]
+
+
+@pytest.fixture(scope="module")
+def killed_run(tmp_path_factory):
+    """Three submissions; the grader is SIGKILLed once the first row is in grades.csv, then rerun."""
+    base = tmp_path_factory.mktemp("killed")
+    root, out = base / "submissions", base / "out"
+    for student in ("a", "b"):
+        write_notebook(student_notebook(A, answers()), root / student / A / NB)
+    (root / "c" / A).mkdir(parents=True)
+    (root / "c" / A / NB).write_text("{ not json", encoding="utf-8")
+    proc = start(root, out)
+    wait_for(lambda: len(_csv_lines(out)) >= 2, 600, "the first row", proc)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=30)
+    after_kill = rows_of(out)
+    first = out / "nbgrader" / "autograded" / "a" / A / NB
+    mtime = first.stat().st_mtime_ns
+    output = finish(start(root, out))
+    return {"root": root, "out": out, "after_kill": after_kill, "first_mtime": mtime, "output": output}
+
+
+def _csv_lines(out: Path) -> list[str]:
+    return [ln for ln in _read(out / "grades.csv").splitlines() if ln.strip()]
+
+
+@pytest.mark.slow
+def test_killed_run_keeps_its_rows_and_resumes(killed_run):
+    out = killed_run["out"]
+    assert [r["student"] for r in killed_run["after_kill"]] == ["a"]          # on disk before the kill
+    assert float(killed_run["after_kill"][0]["score"]) == FULL
+    assert "resuming the unfinished run" in killed_run["output"] and "1 row(s) kept, 2 to grade" in killed_run["output"]
+    rows = rows_of(out)
+    assert [(r["student"], r["status"]) for r in rows] == [("a", "graded"), ("b", "graded"), ("c", "broken")]
+    assert float(rows[1]["score"]) == FULL
+    assert (out / "nbgrader" / "autograded" / "a" / A / NB).stat().st_mtime_ns == killed_run["first_mtime"]
+    assert (out / ".grading-done.json").exists()
+
+
+@pytest.mark.slow
+def test_resume_regrades_only_the_missing_row(killed_run):
+    out = killed_run["out"]
+    (out / ".grading-done.json").unlink()                                      # as if killed before finishing
+    lines = (out / "grades.csv").read_text(encoding="utf-8").splitlines(True)
+    (out / "grades.csv").write_text("".join(ln for ln in lines if not ln.startswith("c,")), encoding="utf-8")
+    autograded = {s: (out / "nbgrader" / "autograded" / s / A / NB).stat().st_mtime_ns for s in ("a", "b")}
+    page = out / "feedback" / "c" / A / "feedback.html"
+    before = page.stat().st_mtime_ns
+    time.sleep(0.05)
+    output = finish(start(killed_run["root"], out))
+    assert "2 row(s) kept, 1 to grade" in output
+    assert {s: (out / "nbgrader" / "autograded" / s / A / NB).stat().st_mtime_ns for s in ("a", "b")} == autograded
+    assert page.stat().st_mtime_ns > before
+    rows = rows_of(out)
+    assert [(r["student"], r["status"]) for r in rows] == [("a", "graded"), ("b", "graded"), ("c", "broken")]
+    assert "not valid JSON" in rows[2]["notes"]

@@ -55,11 +55,14 @@ JUDGED = frozenset({Role.VISIBLE, Role.HIDDEN, Role.EVALUATION})
 
 
 def nbgrader_meta(cell: NotebookNode) -> dict:
-    return cell.get("metadata", {}).get("nbgrader", {}) or {}
+    """A cell's nbgrader metadata; {} when absent or not a mapping (a hand-edited notebook)."""
+    meta = (cell.get("metadata") or {}).get("nbgrader") if isinstance(cell.get("metadata"), dict) else None
+    return meta if isinstance(meta, dict) else {}
 
 
 def course_meta(cell: NotebookNode) -> dict:
-    return cell.get("metadata", {}).get("course", {}) or {}
+    meta = (cell.get("metadata") or {}).get("course") if isinstance(cell.get("metadata"), dict) else None
+    return meta if isinstance(meta, dict) else {}
 
 
 def grade_id(cell: NotebookNode) -> str | None:

@@ -135,6 +135,7 @@ class CourseExecute(Execute):
         limit = self._limit_for(cell, resources)
         if self.judge and contract.role(cell) in contract.JUDGED:
             cell.outputs = self._judge_cell(cell, limit, resources)
+            self._drain_iopub()
             return cell, resources
         default = self.timeout
         try:
@@ -236,6 +237,23 @@ class CourseExecute(Execute):
                 except Exception:  # noqa: BLE001 - cleaning up kernel references is best effort
                     pass
         return outputs
+
+    def _drain_iopub(self) -> None:
+        """Each request of a judged cell leaves status messages on the notebook client's
+        IOPub queue; past its high-water mark ZMQ would drop the next cell's messages, so
+        the queue is emptied here."""
+        from jupyter_core.utils import run_sync
+
+        async def drain() -> None:
+            channel = self.kc.iopub_channel
+            while await channel.msg_ready():
+                await channel.get_msg(timeout=0)
+
+        if self.kc is not None:
+            try:
+                run_sync(drain)()
+            except Exception:  # noqa: BLE001 - an empty or closed queue is fine
+                pass
 
     def _wait_idle(self) -> None:
         """After an interrupt, give the kernel a moment to return to its prompt."""

@@ -385,12 +385,10 @@ class TrustedNamespace(dict):
     def __missing__(self, name: str) -> RemoteObject:
         if hasattr(builtins, name):
             return getattr(builtins, name)
-        ref = RemoteObject(self.channel, 0, name)
-        try:
-            self.channel.request("exists", ref)
+        try:   # plain values (None for a model never trained) come back as themselves
+            return self.channel.request("value", RemoteObject(self.channel, 0, name))
         except KeyError:
             raise NameError(f"name {name!r} is not defined") from None
-        return ref
 
 
 def run_judged(source: str, channel: Channel, imports: str, cwd: Path) -> str:

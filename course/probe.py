@@ -98,7 +98,8 @@ def encode(value: Any, depth: int = 0) -> Any:
     if isinstance(value, torch.Tensor):
         if value.requires_grad:       # keeps its graph and its .grad in the kernel
             return _ref(value)
-        return value.detach().clone() if type(value) is not torch.Tensor else value
+        # A subclass could carry its own comparison tricks: only its values travel.
+        return value.detach().as_subclass(torch.Tensor).clone() if type(value) is not torch.Tensor else value
     if isinstance(value, PLAIN_SCALARS) or isinstance(value, (torch.dtype, torch.device, torch.Size)):
         return value
     if depth < 6 and isinstance(value, (list, tuple, dict, set, frozenset)):
@@ -164,7 +165,7 @@ _OPS = {
     "bool": lambda target, args, kwargs: bool(target),
     "repr": lambda target, args, kwargs: repr(target)[:2000],
     "function": lambda target, args, kwargs: target(*args, **kwargs),   # target: a torch function
-    "exists": lambda target, args, kwargs: True,
+    "value": lambda target, args, kwargs: target,
     "bases": lambda target, args, kwargs: _importable_bases(target),
     "release": lambda target, args, kwargs: [d.clear() for d in (_OBJECTS, _NUMBERS, _MIRRORS, _TWINS, _TWIN_PARTS)],
 }

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from autograder.preprocessors import strip_hidden_region
+from autograder.contract import strip_hidden_region
 from autograder.settings import GradingSettings
 from course.device import get_device
 

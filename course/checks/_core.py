@@ -67,17 +67,32 @@ def forbid(*targets: tuple[Any, str], exercise: str) -> Iterator[None]:
     the block is also set up there, around every call (see :mod:`course.probe`)."""
     from .. import probe
 
-    names = [(owner.__name__, attr) for owner, attr in targets]
+    names = [(_path_of(owner), attr) for owner, attr in targets]
     with probe.kernel_context("course.checks._core:forbid_names", names, exercise=exercise):
         with _forbid_here(*targets, exercise=exercise):
             yield
 
 
-def forbid_names(names: list[tuple[str, str]], exercise: str) -> contextlib.AbstractContextManager:
-    """:func:`forbid` for ``(module name, attribute)`` pairs: what the kernel receives."""
+def _path_of(owner: Any) -> str:
+    """``torch.nn.functional`` for a module, ``torch:Tensor`` for a class."""
+    if isinstance(owner, type):
+        return f"{owner.__module__}:{owner.__qualname__}"
+    return owner.__name__
+
+
+def _resolve_path(path: str) -> Any:
     import importlib
 
-    return _forbid_here(*[(importlib.import_module(m), a) for m, a in names], exercise=exercise)
+    module, _, qualname = path.partition(":")
+    obj = importlib.import_module(module)
+    for part in filter(None, qualname.split(".")):
+        obj = getattr(obj, part)
+    return obj
+
+
+def forbid_names(names: list[tuple[str, str]], exercise: str) -> contextlib.AbstractContextManager:
+    """:func:`forbid` for ``(module or class path, attribute)`` pairs: what the kernel receives."""
+    return _forbid_here(*[(_resolve_path(p), a) for p, a in names], exercise=exercise)
 
 
 @contextlib.contextmanager

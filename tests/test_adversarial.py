@@ -1,0 +1,244 @@
+"""Hostile and careless submissions, graded end to end on the real sandbox in one run.
+
+Each attack is written into the answer cell of exercise 1 of an otherwise untouched
+chapter-1 notebook (whose honest score is 0), or into a correct one where the attack
+targets other students. For every case: it is graded with a recorded outcome, it never
+scores more than the same notebook without the attack, nothing secret reaches any
+feedback page, and the correct students graded after the attackers still get full marks.
+"""
+
+from __future__ import annotations
+
+import csv
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from notebook_tools import ROOT, grade_id, release_notebook, solution_answers, student_notebook, write_notebook
+
+pytestmark = pytest.mark.slow
+ASSIGNMENT = "ch01_embeddings"
+NOTEBOOK = f"{ASSIGNMENT}.ipynb"
+SECRET = "grader-secret-7f3a9c"            # in the grader's environment, never in a kernel's
+SOLUTION_LINE = "counts[pair] = counts.get(pair, 0) + 1"
+HIDDEN_LINE = "check_get_pair_counts(get_pair_counts, hidden=True)"
+
+
+def _attacks(out: Path) -> dict[str, tuple[str, bool]]:
+    """name -> (code run in the first answer cell, whether the static scan must flag it)."""
+    secrets_to_read = [out / "nbgrader" / "gradebook.db", out / "nbgrader" / "source" / ASSIGNMENT / NOTEBOOK,
+                       ROOT / "solutions" / ASSIGNMENT / NOTEBOOK, ROOT / "README.md", Path("/proc/1/environ")]
+    return {
+        "patch_checks": ("import course.checks.ch01 as c\nfor n in dir(c):\n    if n.startswith('check_'):\n"
+                         "        setattr(c, n, lambda *a, **k: None)\n", True),
+        "patch_torch": ("import torch\ntorch.allclose = lambda *a, **k: True\ntorch.equal = lambda *a, **k: True\n"
+                        "torch.testing.assert_close = lambda *a, **k: None\n", True),
+        "patch_builtins": ("import builtins\nbuiltins.isinstance = lambda *a: True\nbuiltins.len = lambda x: 0\n", True),
+        "transformer_empties_cells": ("get_ipython().input_transformers_post.append(lambda lines: [])\n", True),
+        "transformer_wraps_in_try": (
+            "def wrap(lines):\n    return ['try:\\n'] + ['    ' + l for l in lines] + "
+            "['\\n    pass\\nexcept BaseException:\\n    pass\\n']\nget_ipython().input_transformers_post.append(wrap)\n",
+            True),
+        "fake_checks_module": ("import sys, types\nfake = types.ModuleType('course.checks.ch01')\n"
+                               "fake.__getattr__ = lambda name: (lambda *a, **k: None)\n"
+                               "sys.modules['course.checks.ch01'] = fake\nchecks = fake\n", True),
+        "shadow_checks_name": ("class _Anything:\n    def __getattr__(self, n):\n        return lambda *a, **k: None\n"
+                               "checks = _Anything()\n", False),
+        "swallow_exceptions": ("get_ipython().set_custom_exc((BaseException,), lambda *a, **k: None)\n", True),
+        "probe_replaced": ("import course.probe\ncourse.probe.serve = lambda *a, **k: None\n", True),
+        "probe_fakes_replies": ("import course.probe, torch\ndef serve(request, reply):\n"
+                                "    torch.save({'value': True, 'rng': torch.get_rng_state()}, reply)\n"
+                                "course.probe.serve = serve\n", True),
+        "background_thread_patches": ("import threading, time\ndef later():\n    time.sleep(0.3)\n"
+                                      "    import course.checks.ch01 as c\n    c.check_merge_pair = lambda *a, **k: None\n"
+                                      "threading.Thread(target=later, daemon=True).start()\n", True),
+        "always_equal_result": ("class Same(dict):\n    def __eq__(self, other):\n        return True\n"
+                                "    def __ne__(self, other):\n        return False\n"
+                                "def get_pair_counts(ids):\n    return Same()\n", False),
+        "huge_result": ("import torch\ndef get_pair_counts(ids):\n    return torch.zeros(300 << 20, dtype=torch.uint8)\n",
+                        False),
+        "kill_parent": ("import os, signal\ntry:\n    os.kill(os.getppid(), signal.SIGKILL)\n"
+                        "except Exception as err:\n    print('kill refused', err)\n", True),
+        "kill_everything": ("import os, signal\nos.kill(-1, signal.SIGKILL)\n", True),
+        "exit_kernel": ("import os\nos._exit(0)\n", True),
+        "read_secrets": ("import os\nfor p in %r:\n    try:\n        print(p, open(p, errors='replace').read()[:3000])\n"
+                         "    except Exception as err:\n        print(p, 'unreadable', type(err).__name__)\n"
+                         "print(dict(os.environ))\n" % [str(p) for p in secrets_to_read], False),
+        "network": ("import socket\ntry:\n    socket.create_connection(('1.1.1.1', 53), timeout=3)\n    print('NETWORK OPEN')\n"
+                    "except OSError as err:\n    print('no network', err)\n", False),
+        "memory_bomb": ("chunks = []\nwhile True:\n    chunks.append(bytearray(512 << 20))\n", False),
+        "process_bomb": ("import subprocess\nkids = []\ntry:\n    for _ in range(3000):\n"
+                         "        kids.append(subprocess.Popen(['sleep', '617']))\n"
+                         "except OSError as err:\n    print('process limit after', len(kids))\n", True),
+        "disk_fill": ("with open('/tmp/big', 'wb') as f:\n    f.write(b'0' * (400 << 20))\n", True),
+        "write_course_code": ("open(%r, 'w').write('x')\n" % str(ROOT / "course" / "injected.py"), True),
+        "output_flood": ("print('x' * (40 << 20))\n", False),
+        "script_in_feedback": ("print('<script>alert(\"pwned\")</script><img src=x onerror=alert(1)>')\n", False),
+        "shutdown_kernel": ("get_ipython().kernel.do_shutdown(False)\nimport time\ntime.sleep(5)\n", True),
+        "malicious_reduce": ("import os\nclass Evil(dict):\n    def __reduce__(self):\n"
+                             "        return (os.system, ('touch /tmp/pwned-by-reduce',))\n"
+                             "def get_pair_counts(ids):\n    return Evil()\n", True),
+        "tensor_subclass_lies": ("import torch\nclass Liar(torch.Tensor):\n    def __eq__(self, other):\n        return True\n"
+                                 "    @classmethod\n    def __torch_function__(cls, func, types, args=(), kwargs=None):\n"
+                                 "        return True\n"
+                                 "def patchify(images, patch_size):\n    return torch.zeros(1).as_subclass(Liar)\n", False),
+        "sys_modules_torch": ("import sys\nsys.modules['torch'].allclose = lambda *a, **k: True\n", True),
+        "eval_exec": ("exec(compile('checks = None', 'x', 'exec'))\neval('1 + 1')\n", True),
+    }
+
+
+def _submissions(root: Path, out: Path) -> list[str]:
+    stubs = release_notebook(ASSIGNMENT)
+    answers = solution_answers(ASSIGNMENT)
+    names = []
+    for name, (code, _) in _attacks(out).items():
+        nb = release_notebook(ASSIGNMENT)
+        for cell in nb.cells:
+            if grade_id(cell) == "ex1_answer":
+                cell.source = code + "\n" + cell.source
+        write_notebook(nb, root / f"attack_{name}" / ASSIGNMENT / NOTEBOOK)
+        names.append(f"attack_{name}")
+    write_notebook(stubs, root / "attack__baseline_stubs" / ASSIGNMENT / NOTEBOOK)
+    # Attacks on the next students: a start-up file in HOME, a file in /tmp, a signal trap.
+    persist = {**answers, "ex1_answer": (
+        "import os\nos.makedirs(os.path.expanduser('~/.ipython/profile_default/startup'), exist_ok=True)\n"
+        "open(os.path.expanduser('~/.ipython/profile_default/startup/x.py'), 'w').write("
+        "'import torch\\ntorch.manual_seed = None\\ndef get_pair_counts(ids):\\n    return {}\\n')\n"
+        "open('/tmp/left-behind', 'w').write('x')\n" + answers["ex1_answer"])}
+    write_notebook(student_notebook(ASSIGNMENT, persist), root / "attack_persist_into_next" / ASSIGNMENT / NOTEBOOK)
+    listing = {**answers, "ex1_answer": "import os\nprint('TMP HOLDS', os.listdir('/tmp'))\n" + answers["ex1_answer"]}
+    write_notebook(student_notebook(ASSIGNMENT, listing), root / "zz_control_after" / ASSIGNMENT / NOTEBOOK)
+    write_notebook(student_notebook(ASSIGNMENT, answers), root / "aa_control_before" / ASSIGNMENT / NOTEBOOK)
+    # A symlink to the solution instead of a notebook.
+    (root / "attack_symlink_to_solution" / ASSIGNMENT).mkdir(parents=True)
+    os.symlink(ROOT / "solutions" / ASSIGNMENT / NOTEBOOK, root / "attack_symlink_to_solution" / ASSIGNMENT / NOTEBOOK)
+    return names
+
+
+@pytest.fixture(scope="module")
+def graded(tmp_path_factory):
+    root = tmp_path_factory.mktemp("hostile")
+    out = tmp_path_factory.mktemp("hostile-out")
+    names = _submissions(root, out)
+    env = {**os.environ, "COURSE_GRADER_SECRET": SECRET}
+    done = subprocess.run([sys.executable, "-m", "autograder", "grade", str(root), "--out", str(out),
+                           "--timeout", "20", "--profile", "smoke", "--no-progress"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=1800, env=env)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    with open(out / "grades.csv", newline="") as f:
+        rows = {row["student"]: row for row in csv.DictReader(f)}
+    return rows, out, names
+
+
+def _feedback(out: Path, student: str) -> str:
+    pages = sorted((out / "feedback" / student / ASSIGNMENT).glob("*.html"))
+    assert pages, f"no feedback for {student}"
+    return "\n".join(p.read_text(encoding="utf-8", errors="replace") for p in pages)
+
+
+def _autograded_text(out: Path, student: str) -> str:
+    import nbformat
+
+    path = out / "nbgrader" / "autograded"
+    found = [p for p in path.rglob(NOTEBOOK) if student in str(p) or p.parent.parent.name == student]
+    texts = []
+    for p in found:
+        nb = nbformat.read(p, as_version=4)
+        for cell in nb.cells:
+            for o in cell.get("outputs", []):
+                texts.append(" ".join(str(o.get(k, "")) for k in ("text", "ename", "evalue")))
+    return "\n".join(texts)
+
+
+def test_there_are_at_least_thirty_hostile_submissions(graded):
+    rows, _, names = graded
+    hostile = [s for s in rows if s.startswith("attack_") and s != "attack__baseline_stubs"]
+    assert len(hostile) >= 30, hostile
+
+
+@pytest.mark.parametrize("name", list(_attacks(Path("/x"))))
+def test_attack_scores_no_more_than_the_untouched_notebook_and_is_recorded(graded, name):
+    rows, out, _ = graded
+    row = rows[f"attack_{name}"]
+    baseline = rows["attack__baseline_stubs"]
+    assert float(baseline["score"]) == 0
+    assert float(row["score"]) <= float(baseline["score"]), row
+    assert row["status"] in ("graded", "broken", "refused"), row
+    if _attacks(out)[name][1]:
+        assert "review:" in row["notes"], row
+
+
+def test_no_feedback_holds_a_secret(graded):
+    rows, out, _ = graded
+    for student in rows:
+        text = _feedback(out, student)
+        for secret in (SECRET, SOLUTION_LINE, HIDDEN_LINE, "BEGIN HIDDEN TESTS", "### BEGIN SOLUTION"):
+            assert secret not in text, (student, secret)
+
+
+def test_reading_secrets_finds_nothing(graded):
+    rows, out, _ = graded
+    text = _autograded_text(out, "attack_read_secrets")
+    assert "unreadable" in text and SECRET not in text and SOLUTION_LINE not in text
+    assert "SQLite format" not in text
+
+
+def test_the_sandbox_has_no_network(graded):
+    text = _autograded_text(graded[1], "attack_network")
+    assert "no network" in text and "NETWORK OPEN" not in text
+
+
+def test_memory_is_limited_before_the_time_limit(graded):
+    text = _autograded_text(graded[1], "attack_memory_bomb")
+    assert "MemoryError" in text, text[-2000:]
+
+
+def test_processes_are_limited_and_none_outlive_the_kernel(graded):
+    text = _autograded_text(graded[1], "attack_process_bomb")
+    assert "process limit after" in text
+    left = subprocess.run(["pgrep", "-f", "sleep 617"], capture_output=True, text=True).stdout.strip()
+    assert left == "", left
+
+
+def test_files_outside_the_sandbox_are_untouched(graded):
+    assert not (ROOT / "course" / "injected.py").exists()
+    assert not Path("/tmp/pwned-by-reduce").exists()
+    assert "File too large" in _autograded_text(graded[1], "attack_disk_fill") or \
+        "Errno 27" in _autograded_text(graded[1], "attack_disk_fill")
+
+
+def test_feedback_escapes_what_a_student_prints(graded):
+    text = _feedback(graded[1], "attack_script_in_feedback")
+    assert "<script>alert(" not in text and "<img src=x" not in text
+
+
+def test_output_flood_is_capped(graded):
+    pages = list((graded[1] / "feedback" / "attack_output_flood" / ASSIGNMENT).glob("*.html"))
+    assert pages and sum(p.stat().st_size for p in pages) < 8 << 20
+
+
+def test_dead_or_shut_down_kernels_are_noted(graded):
+    rows = graded[0]
+    for name in ("exit_kernel", "shutdown_kernel"):
+        assert "kernel died" in rows[f"attack_{name}"]["notes"], rows[f"attack_{name}"]
+    # kill(-1) reaches only the sandbox's own processes, never the grader: grading went on.
+    assert rows["attack_kill_everything"]["status"] == "graded"
+
+
+def test_a_symlink_is_never_followed(graded):
+    row = graded[0]["attack_symlink_to_solution"]
+    assert float(row["score"]) == 0 and row["status"] == "refused" and "symbolic link" in row["notes"], row
+
+
+def test_students_around_the_attackers_are_unaffected(graded):
+    rows, out, _ = graded
+    for student in ("aa_control_before", "zz_control_after"):
+        row = rows[student]
+        assert float(row["score"]) == float(row["max_score"]) > 0, row
+        assert "review" not in row["notes"], row
+    persisted = rows["attack_persist_into_next"]
+    assert float(persisted["score"]) == float(persisted["max_score"]), persisted   # its own answers are right
+    assert "left-behind" not in _autograded_text(out, "zz_control_after")

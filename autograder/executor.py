@@ -62,6 +62,15 @@ class SandboxedKernelManager(AsyncKernelManager):
                 os.chown(self.connection_file, NOBODY, NOBODY)
         return result
 
+    async def _async_launch_kernel(self, kernel_cmd, **kw):
+        # The kernel's own start-up chatter goes to a log in the sandbox folder, not the
+        # instructor's terminal.
+        if self.sandbox is not None:
+            log = open(self.sandbox.root / "kernel.log", "ab")   # closed with the sandbox folder
+            kw.setdefault("stdout", log)
+            kw.setdefault("stderr", log)
+        return await super()._async_launch_kernel(kernel_cmd, **kw)
+
     async def _async_interrupt_kernel(self) -> None:
         # A signal cannot cross into the sandbox's PID namespace; ipykernel takes the
         # interrupt as a message on its control channel.
@@ -83,6 +92,9 @@ class CourseExecute(Execute):
     grading_seed = Integer(0, help="seed the hidden tests draw their inputs from").tag(config=True)
 
     death_reason = Unicode("")
+    # After a cell's reply, its last outputs (a figure, a progress bar) may lag on a busy
+    # machine; nbgrader fails the whole notebook when they are late, so wait longer.
+    iopub_timeout = Integer(60).tag(config=True)
 
     def __init__(self, *args, **kwargs):
         kwargs.setdefault("kernel_manager_class", SandboxedKernelManager)
@@ -252,8 +264,8 @@ class CourseExecute(Execute):
         if self.kc is not None:
             try:
                 run_sync(drain)()
-            except Exception:  # noqa: BLE001 - an empty or closed queue is fine
-                pass
+            except Exception as err:  # noqa: BLE001 - an empty or closed queue is fine
+                self.log.debug("IOPub drain: %s", err)
 
     def _wait_idle(self) -> None:
         """After an interrupt, give the kernel a moment to return to its prompt."""

@@ -1,0 +1,101 @@
+"""The sandbox a submission's kernel runs in: what it can see, reach and use."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import course
+from autograder.sandbox import Limits, Sandbox, available
+from notebook_tools import ROOT
+
+pytestmark = pytest.mark.skipif(not available(), reason="bubblewrap is not usable here")
+
+PROBE = r"""
+import json, os, socket, sys
+found = {"uid": os.getuid(), "home": sorted(os.listdir(os.path.expanduser("~"))),
+         "tmp": sorted(os.listdir("/tmp")), "env": sorted(os.environ),
+         "solutions": os.path.exists(%(solutions)r), "repo_files": sorted(os.listdir(%(repo)r)),
+         "pids": sorted(int(p) for p in os.listdir("/proc") if p.isdigit())}
+try:
+    socket.create_connection(("1.1.1.1", 53), timeout=2)
+    found["network"] = True
+except OSError:
+    found["network"] = False
+import course.probe, torch
+try:
+    torch.empty(3 << 30, dtype=torch.uint8).fill_(1)
+    found["memory"] = "allocated"
+except (RuntimeError, MemoryError) as err:
+    found["memory"] = type(err).__name__
+print(json.dumps(found))
+"""
+
+
+def _run_inside(tmp_path: Path, code: str, limits: Limits = Limits()) -> subprocess.CompletedProcess:
+    sandbox = Sandbox(tmp_path / "sb", Path(course.__file__).parent, limits, env={"COURSE_DEVICE": "cpu"})
+    try:
+        return subprocess.run(sandbox.prefix() + [sys.executable, "-c", code], capture_output=True, text=True,
+                              timeout=120, env={**os.environ, "GRADER_SECRET": "s3cret"})
+    finally:
+        sandbox.cleanup()
+
+
+def test_a_sandboxed_process_sees_only_what_it_needs(tmp_path):
+    import json
+
+    marker = Path("/tmp/course-host-marker")
+    marker.write_text("host file")
+    done = _run_inside(tmp_path, PROBE % {"solutions": str(ROOT / "solutions"), "repo": str(ROOT)},
+                       Limits(memory_bytes=2 << 30))
+    assert done.returncode == 0, done.stderr[-2000:]
+    found = json.loads(done.stdout.strip().splitlines()[-1])
+    assert found["solutions"] is False
+    assert set(found["repo_files"]) <= {"course", ".venv", "venv"}, found["repo_files"]
+    assert found["network"] is False
+    # Empty HOME and /tmp, but for the folders of the sandbox's own sockets and requests.
+    assert found["home"] == ["work"] and marker.name not in found["tmp"], found
+    assert "GRADER_SECRET" not in found["env"] and "COURSE_DEVICE" in found["env"]
+    assert found["memory"] in ("RuntimeError", "MemoryError"), "3 GiB must not fit under a 2 GiB limit"
+    assert max(found["pids"]) < 50, "its own PID namespace: the grader's processes are not there"
+    if os.geteuid() == 0:
+        assert found["uid"] == 65534, "as root, the kernel must run as nobody"
+
+
+def test_a_sandbox_leaves_nothing_behind(tmp_path):
+    sandbox = Sandbox(tmp_path / "sb", Path(course.__file__).parent)
+    sandbox.cleanup()
+    assert not (tmp_path / "sb").exists()
+
+
+def test_grading_refuses_without_a_sandbox_unless_asked(tmp_path):
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    for tool in ("python", "python3"):
+        (bindir / tool).symlink_to(sys.executable)
+    env = {**os.environ, "PATH": str(bindir)}   # no bwrap on PATH
+    done = subprocess.run([sys.executable, "-m", "autograder", "grade", str(ROOT / "exercises"), "--out",
+                           str(tmp_path / "out"), "--no-progress"], cwd=ROOT, capture_output=True, text=True,
+                          env=env, timeout=300)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "bubblewrap" in done.stderr and "--unsandboxed" in done.stderr
+
+
+@pytest.mark.slow
+def test_unsandboxed_grading_is_noted_in_every_row(tmp_path):
+    import csv
+
+    subs = tmp_path / "subs" / "me" / "ch01_embeddings"
+    subs.mkdir(parents=True)
+    shutil.copy(ROOT / "exercises" / "ch01_embeddings" / "ch01_embeddings.ipynb", subs)
+    done = subprocess.run([sys.executable, "-m", "autograder", "grade", str(tmp_path / "subs"), "--out",
+                           str(tmp_path / "out"), "--unsandboxed", "--timeout", "30", "--no-progress"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr
+    rows = list(csv.DictReader(open(tmp_path / "out" / "grades.csv")))
+    assert rows and all("without the sandbox" in r["notes"] for r in rows), rows

@@ -103,6 +103,7 @@ class CourseExecute(Execute):
         self._judge_client = None
         self._imports = ""
         self._output_bytes = 0
+        self._judge_printed, self._judge_printed_bytes = [], 0
 
     # ------------------------------------------------------------------ the kernel
 
@@ -188,12 +189,13 @@ class CourseExecute(Execute):
 
         if self._judge_client is None:
             client = self.km.blocking_client()
-            client.start_channels(shell=True, iopub=False, stdin=False, hb=False, control=True)
+            client.start_channels(shell=True, iopub=True, stdin=False, hb=False, control=True)
             self._judge_client = client
         client = self._judge_client
         msg_id = client.execute(code, silent=True, store_history=False, allow_stdin=False)
         deadline = time.monotonic() + timeout
         while True:
+            self._collect_kernel_output(client, msg_id)
             if not self._kernel_alive():
                 raise KernelLost("the kernel died")
             if time.monotonic() > deadline:
@@ -206,9 +208,25 @@ class CourseExecute(Execute):
             if reply.get("parent_header", {}).get("msg_id") != msg_id:
                 continue
             content = reply.get("content", {})
+            self._collect_kernel_output(client, msg_id)
             if content.get("status") == "ok":
                 return None
             return f"{content.get('ename', 'Error')}: {content.get('evalue', '')}"
+
+    def _collect_kernel_output(self, client, msg_id: str) -> None:
+        """What the student's code printed while the grader called it (kept within the
+        output limit; shown under visible tests only, since hidden inputs are the grader's)."""
+        while True:
+            try:
+                msg = client.get_iopub_msg(timeout=0)
+            except Exception:  # noqa: BLE001 - queue.Empty: nothing more now
+                return
+            if msg.get("msg_type") != "stream" or msg.get("parent_header", {}).get("msg_id") != msg_id:
+                continue
+            text = str(msg["content"].get("text", ""))
+            if self._judge_printed_bytes + len(text) <= self.output_limit:
+                self._judge_printed.append((msg["content"].get("name", "stdout"), text))
+            self._judge_printed_bytes += len(text)
 
     def _judge_cell(self, cell, limit: int, resources) -> list[NotebookNode]:
         """Run a graded test cell here; its outputs are the verdict."""
@@ -224,8 +242,12 @@ class CourseExecute(Execute):
         cwd = Path((resources or {}).get("metadata", {}).get("path") or ".")
         _hidden.set_grading_seed(self.grading_seed)
         outputs = []
+        self._judge_printed, self._judge_printed_bytes = [], 0
         try:
             printed = run_judged(cell.source, channel, self._imports, cwd)
+            if contract.role(cell) is Role.VISIBLE:
+                outputs += [from_dict({"output_type": "stream", "name": name, "text": text})
+                            for name, text in self._judge_printed]
             if printed:
                 outputs.append(from_dict({"output_type": "stream", "name": "stdout", "text": printed[-20000:]}))
         except KernelLost as err:

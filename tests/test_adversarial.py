@@ -27,10 +27,12 @@ SOLUTION_LINE = "counts[pair] = counts.get(pair, 0) + 1"
 HIDDEN_LINE = "check_get_pair_counts(get_pair_counts, hidden=True)"
 
 
-def _attacks(out: Path) -> dict[str, tuple[str, bool]]:
+def _attacks(out: Path, submissions: Path = Path("/x")) -> dict[str, tuple[str, bool]]:
     """name -> (code run in the first answer cell, whether the static scan must flag it)."""
     secrets_to_read = [out / "nbgrader" / "gradebook.db", out / "nbgrader" / "source" / ASSIGNMENT / NOTEBOOK,
-                       ROOT / "solutions" / ASSIGNMENT / NOTEBOOK, ROOT / "README.md", Path("/proc/1/environ")]
+                       ROOT / "solutions" / ASSIGNMENT / NOTEBOOK, ROOT / "README.md", Path("/proc/1/environ"),
+                       submissions / "aa_control_before" / ASSIGNMENT / NOTEBOOK,
+                       out / "nbgrader" / "autograded" / "aa_control_before" / ASSIGNMENT / NOTEBOOK]
     return {
         "patch_checks": ("import course.checks.ch01 as c\nfor n in dir(c):\n    if n.startswith('check_'):\n"
                          "        setattr(c, n, lambda *a, **k: None)\n", True),
@@ -94,7 +96,7 @@ def _submissions(root: Path, out: Path) -> list[str]:
     stubs = release_notebook(ASSIGNMENT)
     answers = solution_answers(ASSIGNMENT)
     names = []
-    for name, (code, _) in _attacks(out).items():
+    for name, (code, _) in _attacks(out, root).items():
         nb = release_notebook(ASSIGNMENT)
         for cell in nb.cells:
             if grade_id(cell) == "ex1_answer":

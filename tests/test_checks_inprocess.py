@@ -23,7 +23,8 @@ def _timed(cell) -> bool:
     return "timeout" in cell.metadata.get("course", {})
 
 
-def run_tests(assignment: str, answers: dict[str, str], with_timed: bool = False) -> dict[str, BaseException | None]:
+def run_tests(assignment: str, answers: dict[str, str], with_timed: bool = False,
+              only: tuple[str, ...] | None = None) -> dict[str, BaseException | None]:
     """Execute the code cells in one namespace, answers replaced; test cell -> its exception.
 
     Training and scoring cells run only when ``with_timed``: a wrong part is caught by its
@@ -34,6 +35,8 @@ def run_tests(assignment: str, answers: dict[str, str], with_timed: bool = False
         if _timed(cell) and not with_timed:
             continue
         meta = cell.metadata.get("nbgrader", {})
+        if only is not None and not meta.get("solution") and grade_id(cell) != "setup" and grade_id(cell) not in only:
+            continue  # a mistake needs the answers and its own failing test cells, nothing else
         source = answers.get(grade_id(cell), cell.source)
         try:
             exec(compile(source, grade_id(cell) or "cell", "exec"), namespace)
@@ -65,7 +68,7 @@ def test_stubs_fail_every_test_cell_with_not_implemented(assignment):
 
 @pytest.mark.parametrize("assignment,mistake", ALL_MISTAKES, ids=[f"{a}-{m.name}" for a, m in ALL_MISTAKES])
 def test_mistake_fails_with_its_hint(assignment, mistake):
-    results = run_tests(assignment, mistake.apply(solution_answers(assignment)))
+    results = run_tests(assignment, mistake.apply(solution_answers(assignment)), only=mistake.failing)
     for cell in mistake.failing:
         err = results[cell]
         assert err is not None, f"{cell} passed although the answer has the mistake {mistake.name!r}"

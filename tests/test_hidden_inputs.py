@@ -25,10 +25,11 @@ import torch
 import torch.nn as nn
 
 from autograder.extract import solution_namespace
-from course.checks import _hidden, ch01, ch02, ch03, ch07
+from course.checks import _hidden, ch01, ch02, ch03, ch04, ch05, ch06, ch07
 from notebook_tools import ROOT
 
-MODULES = {"ch01_embeddings": ch01, "ch02_positions": ch02, "ch03_attention": ch03, "ch07_capstone": ch07}
+MODULES = {"ch01_embeddings": ch01, "ch02_positions": ch02, "ch03_attention": ch03, "ch04_ffn": ch04,
+           "ch05_training": ch05, "ch06_inference": ch06, "ch07_capstone": ch07}
 SEEDS = (1, 2, 3)
 _HIDDEN = re.compile(r"### BEGIN HIDDEN TESTS\n(.*?)### END HIDDEN TESTS", re.S)
 

@@ -1,0 +1,928 @@
+"""Checks for chapter 5: the loss, batches, AdamW, parameter groups, the schedule, clipping,
+gradient accumulation, dynamic loss scaling and exact resumption from a checkpoint.
+
+Oracles: ``F.cross_entropy``, ``torch.optim.AdamW``, ``torch.nn.utils.clip_grad_norm_``,
+``torch._amp_update_scale_`` (the update ``torch.amp.GradScaler`` runs), one backward pass
+over the whole batch, hand-derived formulas, and the student's own uninterrupted run (for
+resumption). Hand-written wrong variants are used only to name the likely mistake.
+
+Objects that must live where the student's code runs (the model trained by ``train``, the
+problem that ``AdamW`` optimises) are modules built here: when grading happens outside the
+kernel they are mirrored there, and their state comes back after every call.
+"""
+
+from __future__ import annotations
+
+import copy
+import importlib
+import math
+import random
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+import torch.nn.utils.clip_grad
+
+from ._core import call, expect, expect_close, expect_tensor, fail, forbid, generator
+from ._hidden import hidden_generator, hidden_rng, hidden_seed
+
+# ----------------------------------------------------------------------------- shared models
+
+class TinyLM(nn.Module):
+    """Embedding, dropout, a GELU layer, LayerNorm and an output layer: logits (B, T, V)."""
+
+    def __init__(self, vocab_size: int = 16, d_model: int = 12, dropout: float = 0.0):
+        super().__init__()
+        self.tok = nn.Embedding(vocab_size, d_model)
+        self.drop = nn.Dropout(dropout)
+        self.fc = nn.Linear(d_model, d_model)
+        self.norm = nn.LayerNorm(d_model)
+        self.head = nn.Linear(d_model, vocab_size)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        x = self.drop(self.tok(ids))                 # (B, T, d_model)
+        x = self.norm(x + F.gelu(self.fc(x)))        # (B, T, d_model)
+        return self.head(x)                          # (B, T, vocab_size)
+
+
+def _flat(model: nn.Module) -> torch.Tensor:
+    return torch.cat([p.detach().flatten() for p in model.parameters()])
+
+# ----------------------------------------------------------------------------- exercise 1
+
+_CE_BUILTINS = ((F, "cross_entropy"), (F, "nll_loss"), (F, "log_softmax"), (F, "softmax"),
+                (torch, "log_softmax"), (torch, "logsumexp"), (torch, "softmax"), (torch.special, "log_softmax"),
+                (torch.special, "logsumexp"))
+
+
+def _ce_variant(logits, targets, ignore_index, eps, variant):
+    """Hand-written losses, right or with one known mistake (used to name it)."""
+    V = logits.shape[-1]
+    z, t = logits.reshape(-1, V).double(), targets.reshape(-1)
+    keep = t != ignore_index
+    if variant == "no_max":
+        with torch.no_grad():
+            lp = z - z.float().exp().double().sum(-1, keepdim=True).log()
+    else:
+        lp = z - z.logsumexp(-1, keepdim=True)
+    nll = -lp.gather(1, torch.where(keep, t, 0)[:, None]).squeeze(1)
+    uniform = -lp.mean(-1)
+    if variant == "smooth_v_minus_1":
+        others = (-lp.sum(-1) - nll) / (V - 1)
+        per = (1 - eps) * nll + eps * others
+    elif variant == "no_one_minus":
+        per = nll + eps * uniform
+    else:
+        per = (1 - eps) * nll + eps * uniform
+    n = keep.sum()
+    if variant == "mean_all":
+        return torch.where(keep, per, 0).sum() / len(t)
+    if variant == "ignored_counted":
+        return per.mean()
+    if variant == "smooth_on_ignored":
+        return (torch.where(keep, (1 - eps) * nll, 0).sum() + eps * uniform.sum()) / n
+    return torch.where(keep, per, 0).sum() / n
+
+
+_CE_HINTS = [
+    ("ignored_counted", "positions whose target is ignore_index must not contribute at all: mask them out of the "
+                        "sum and out of the count."),
+    ("mean_all", "divide by the number of targets that are not ignore_index, not by all B*T positions."),
+    ("smooth_on_ignored", "the smoothing term must skip ignored positions too: label smoothing spread mass onto "
+                          "positions whose target is ignore_index."),
+    ("smooth_v_minus_1", "PyTorch spreads label_smoothing uniformly over all V classes, the target included: "
+                         "loss = (1 - eps) * nll + eps * mean over classes of -log p."),
+    ("no_one_minus", "the true class keeps weight (1 - label_smoothing): loss = (1 - eps) * nll + eps * uniform term."),
+]
+
+
+def check_cross_entropy(cross_entropy, hidden: bool = False) -> None:
+    g = generator(501) if not hidden else hidden_generator("cross_entropy")
+    cases = []   # (logits, targets, ignore_index, label_smoothing, what)
+    t = torch.tensor([[1, 4, 0], [2, -100, 3]])
+    cases.append((torch.randn(2, 3, 5, generator=g), t, -100, 0.0, "(B, T, V) = (2, 3, 5) logits, one padded target"))
+    cases.append((torch.randn(6, 7, generator=g), torch.tensor([0, 1, 2, 3, 4, 5]), -100, 0.0, "(N, V) logits"))
+    cases.append((torch.randn(2, 3, 5, generator=g), t, -100, 0.1, "label_smoothing=0.1"))
+    cases.append((torch.tensor([[1000.0, 0.0, -1000.0], [0.0, 1001.0, 1000.0]]), torch.tensor([0, 2]), -100, 0.0,
+                  "logits of size 1000"))
+    if hidden:
+        rng = hidden_rng("cross_entropy")
+        for _ in range(3):
+            B, T, V = rng.randrange(1, 5), rng.randrange(2, 9), rng.randrange(2, 40)
+            targets = torch.randint(0, V, (B, T), generator=g)
+            pad = rng.choice([-100, 0, V - 1])          # an ignore_index that may also be a real class id
+            targets[torch.rand(B, T, generator=g) < 0.3] = pad
+            targets[0, 0] = (pad + 1) % V if pad >= 0 else 0   # at least one real target
+            eps = rng.choice([0.0, 0.05, 0.1, 0.3])
+            scale = rng.choice([1.0, 5.0, 30.0])
+            cases.append((torch.randn(B, T, V, generator=g) * scale, targets, pad, eps,
+                          f"(B, T, V) = {(B, T, V)}, ignore_index={pad}, label_smoothing={eps}"))
+        V = rng.randrange(3, 12)
+        targets = torch.randint(0, V, (4, 5), generator=g)
+        targets[:, -2:] = -1                            # several padded positions, a custom ignore_index
+        cases.append((torch.randn(4, 5, V, generator=g) * 20 + 5000, targets, -1, 0.2,
+                      "logits near 5000 with padding and label_smoothing=0.2"))
+        cases.append((-torch.rand(3, V, generator=g) * 1e4, torch.randint(0, V, (3,), generator=g), -100, 0.0,
+                      "large negative logits"))
+        cases.append((torch.randn(5, V, generator=g, dtype=torch.float64), torch.randint(0, V, (5,), generator=g),
+                      -100, 0.1, "float64 logits"))
+    for logits, targets, ignore_index, eps, what in cases:
+        leaf = logits.clone().requires_grad_(True)
+        with forbid(*_CE_BUILTINS, exercise="cross-entropy"):
+            got = call(cross_entropy, leaf, targets.clone(), ignore_index, eps, name="cross_entropy")
+        expect(isinstance(got, torch.Tensor) and got.numel() == 1,
+               f"cross_entropy on {what} should return a scalar tensor.", "return the mean over kept positions.")
+        want = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=ignore_index,
+                               label_smoothing=eps)
+        value = got.detach().reshape(())
+        if not torch.isfinite(value):
+            fail(f"cross_entropy on {what} returned {value.item()}.",
+                 "exp overflowed: subtract each row's maximum before exp (the log-sum-exp trick); the result "
+                 "does not change, and exp never sees a positive number.")
+        tol = 1e-5 if logits.dtype == torch.float32 else 1e-9
+        if not torch.allclose(value.to(want.dtype), want, atol=tol * max(1.0, abs(want.item())), rtol=tol * 10):
+            hint = "loss = mean over kept positions of -(log p of the target), with log p = z - logsumexp(z)."
+            for variant, text in _CE_HINTS:
+                other = _ce_variant(logits, targets, ignore_index, eps, variant)
+                if torch.isclose(value.double(), other, atol=1e-4, rtol=1e-4) and not torch.isclose(
+                        other, want.double(), atol=1e-4, rtol=1e-4):
+                    hint = text
+                    break
+            fail(f"cross_entropy on {what} = {value.item():.6g}, expected {want.item():.6g} (F.cross_entropy).", hint)
+        # The gradient must flow back to the logits, and equal PyTorch's.
+        expect(got.requires_grad, f"cross_entropy on {what} carries no gradient.",
+               "do not detach, and do not call .item() inside the loss: training needs its gradient.")
+        got.backward()
+        ref = logits.clone().requires_grad_(True)
+        F.cross_entropy(ref.reshape(-1, ref.shape[-1]), targets.reshape(-1), ignore_index=ignore_index,
+                        label_smoothing=eps).backward()
+        expect(leaf.grad is not None, "no gradient reached the logits.", "compute the loss from the logits tensor itself.")
+        expect_close(leaf.grad, ref.grad, f"the gradient of cross_entropy on {what}",
+                     "ignored positions must get zero gradient; only the mean over kept positions counts.",
+                     atol=1e-6 if logits.dtype == torch.float32 else 1e-10, rtol=1e-4)
+
+# ----------------------------------------------------------------------------- exercise 2
+
+def _batch_oracle(tokens, B, T, seed, high_shift=0):
+    g = torch.Generator().manual_seed(seed)
+    starts = torch.randint(0, len(tokens) - T + high_shift, (B,), generator=g)
+    idx = starts[:, None] + torch.arange(T)
+    return tokens[idx], tokens[(idx + 1).clamp(max=len(tokens) - 1)]
+
+
+def check_random_batch(random_batch, hidden: bool = False) -> None:
+    cases = [(torch.arange(40) * 3 + 1, 6, 5, 511), (torch.arange(12) + 100, 50, 8, 512)]
+    if hidden:
+        rng = hidden_rng("random_batch")
+        g = hidden_generator("random_batch")
+        for _ in range(3):
+            T = rng.randrange(1, 12)
+            N = T + rng.randrange(2, 60)
+            cases.append((torch.randperm(1000, generator=g)[:N], rng.randrange(1, 40), T, rng.randrange(2**31)))
+        T = rng.randrange(2, 6)
+        cases.append((torch.randperm(500, generator=g)[:T + 2], 64, T, rng.randrange(2**31)))  # two windows only
+    for tokens, B, T, seed in cases:
+        got = call(random_batch, tokens.clone(), B, T, torch.Generator().manual_seed(seed), name="random_batch")
+        expect(isinstance(got, (tuple, list)) and len(got) == 2, "random_batch should return a pair (x, y).",
+               "return x, y.")
+        x, y = got
+        what = f"random_batch(tokens of length {len(tokens)}, batch_size={B}, block_size={T})"
+        expect_tensor(x, (B, T), f"x of {what}")
+        expect_tensor(y, (B, T), f"y of {what}")
+        want_x, want_y = _batch_oracle(tokens, B, T, seed)
+        if torch.equal(x, want_x) and torch.equal(y, want_y):
+            continue
+        if torch.equal(y, x):
+            hint = "the targets are the inputs: y must be the same window moved one token on, tokens[s+1 : s+T+1]."
+        elif T > 1 and torch.equal(y[:, :-1], x[:, 1:]) and torch.equal(y[:, -1], x[:, 0]):
+            hint = ("the last target of each row wrapped around to the row's first token (a roll of x): the target "
+                    "of the last position is the token after the window, tokens[s + T].")
+        elif len(tokens) - T - 1 > 0 and all(torch.equal(a, b) for a, b in
+                                            zip((x, y), _batch_oracle(tokens, B, T, seed, -1))):
+            hint = ("the last window is never drawn: torch.randint's upper bound is exclusive, so draw starts with "
+                    "torch.randint(0, len(tokens) - block_size, ...).")
+        elif torch.equal(x, want_x):
+            hint = "x is right but y is not: y = tokens[s+1 : s+T+1] for each start s."
+        else:
+            hint = ("draw the starts exactly as specified, torch.randint(0, len(tokens) - block_size, (batch_size,), "
+                    "generator=generator), then take the windows tokens[s : s+T] and tokens[s+1 : s+T+1].")
+        fail(f"{what} gave other windows than expected.", hint)
+
+
+def _sequential_oracle(tokens, B, T):
+    starts = list(range(0, len(tokens) - T, T))
+    out = []
+    for i in range(0, len(starts), B):
+        idx = torch.tensor(starts[i:i + B])[:, None] + torch.arange(T)
+        out.append((tokens[idx], tokens[idx + 1]))
+    return out
+
+
+def check_sequential_batches(sequential_batches, hidden: bool = False) -> None:
+    cases = [(torch.arange(23) + 50, 2, 5), (torch.arange(21) + 7, 2, 5), (torch.arange(31), 3, 3)]
+    if hidden:
+        rng = hidden_rng("sequential_batches")
+        g = hidden_generator("sequential_batches")
+        for _ in range(4):
+            T, B = rng.randrange(1, 9), rng.randrange(1, 6)
+            N = T * rng.randrange(1, 12) + rng.choice([1, 2, 0, rng.randrange(0, T + 1)])
+            cases.append((torch.randperm(1000, generator=g)[:max(N, T + 1)], B, T))
+    for tokens, B, T in cases:
+        got = call(sequential_batches, tokens.clone(), B, T, name="sequential_batches")
+        want = _sequential_oracle(tokens, B, T)
+        what = f"sequential_batches(tokens of length {len(tokens)}, batch_size={B}, block_size={T})"
+        expect(isinstance(got, (list, tuple)), f"{what} should return a list of (x, y) pairs.",
+               "collect the batches in a list.")
+        got = list(got)
+        got_windows = [row for x, _ in got for row in x.tolist()] if all(len(b) == 2 for b in got) else []
+        want_windows = [row for x, _ in want for row in x.tolist()]
+        if len(got) == len(want) and all(torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) for a, b in zip(got, want)):
+            continue
+        n_windows = len(got_windows)
+        if len(got) == len(want) - 1 and got_windows == want_windows[:n_windows] and len(want[-1][0]) < B:
+            hint = ("the last, smaller batch was dropped: when the windows do not divide into batches evenly, the "
+                    "last batch holds the windows that are left (an epoch covers every window once).")
+        elif n_windows > len(want_windows):
+            hint = ("a window whose target runs past the end of the stream was included: a window starting at s "
+                    "needs s + block_size + 1 <= len(tokens).")
+        elif got_windows == want_windows[:-1]:
+            hint = ("the last full window was dropped: a window starting at s fits when s + block_size + 1 <= "
+                    "len(tokens), so starts run over range(0, len(tokens) - block_size, block_size).")
+        elif len(tokens) > T + 1 and len(got_windows) > 1 and got_windows[0] == want_windows[0] and \
+                got_windows[1][0] == tokens[T + 1].item():
+            hint = ("consecutive windows start block_size apart (their targets overlap by one token): a stride of "
+                    "block_size + 1 skips a token of the stream between windows.")
+        elif got_windows == want_windows:
+            hint = ("the windows are right but not grouped as asked: batch_size windows per batch, in order, the "
+                    "last batch smaller when they do not divide evenly.")
+        else:
+            hint = ("x holds the windows tokens[s : s+T] for s = 0, T, 2T, ... and y the same windows one token on; "
+                    "group batch_size of them per batch, in order.")
+        fail(f"{what} did not cover the stream as expected ({len(got)} batches, expected {len(want)}).", hint)
+
+# ----------------------------------------------------------------------------- exercise 3
+
+_ADAMW_BUILTINS = ((torch.optim, "AdamW"), (torch.optim, "Adam"), (importlib.import_module("torch.optim.adam"), "adam"),
+                   (importlib.import_module("torch.optim.adamw"), "adamw"), (torch.optim, "SGD"))
+
+
+class AdamProblem(nn.Module):
+    """A small regression whose parameters come in groups. Iterating it gives the param
+    groups (pass it where an optimizer expects params); calling it is an optimizer closure:
+    it clears the gradients, computes the loss, runs backward and returns the loss."""
+
+    def __init__(self, d_in: int, d_hidden: int, d_out: int, groups: list[dict], seed: int, plain: bool = False):
+        super().__init__()
+        g = torch.Generator().manual_seed(seed)
+        self.w1 = nn.Parameter(torch.randn(d_hidden, d_in, generator=g) * 0.5)
+        self.b1 = nn.Parameter(torch.randn(d_hidden, generator=g) * 0.1)
+        self.gain = nn.Parameter(torch.ones(d_hidden))
+        self.w2 = nn.Parameter(torch.randn(d_out, d_hidden, generator=g) * 0.5)
+        self.unused = nn.Parameter(torch.randn(3, generator=g))       # never gets a gradient
+        self.register_buffer("x", torch.randn(32, d_in, generator=g))
+        self.register_buffer("y", torch.randn(32, d_out, generator=g))
+        self.groups, self.plain = [dict(gr) for gr in groups], plain
+
+    def _group_params(self, names):
+        return [getattr(self, n) for n in names]
+
+    def __iter__(self):
+        if self.plain:
+            return iter([self.w1, self.b1, self.gain, self.w2, self.unused])
+        return iter([{**{k: v for k, v in gr.items() if k != "names"}, "params": self._group_params(gr["names"])}
+                     for gr in self.groups])
+
+    def forward(self) -> torch.Tensor:
+        for p in self.parameters():
+            p.grad = None
+        hidden = torch.tanh(self.x @ self.w1.T + self.b1) * self.gain      # (32, d_hidden)
+        loss = ((hidden @ self.w2.T - self.y) ** 2).mean()
+        loss.backward()
+        return loss.detach()
+
+
+def _adamw_variant(problem: AdamProblem, steps: int, opts: dict, variant: str) -> torch.Tensor:
+    """A hand-written AdamW with one known mistake; returns the final parameters."""
+    groups = [dict(gr) for gr in problem] if not problem.plain else [{"params": list(problem)}]
+    state, counter = {}, [0]
+    for _ in range(steps):
+        problem()
+        with torch.no_grad():
+            for gr in groups:
+                lr = opts["lr"] if variant == "defaults_only" else gr.get("lr", opts["lr"])
+                wd = opts["weight_decay"] if variant == "defaults_only" else gr.get("weight_decay", opts["weight_decay"])
+                b1, b2 = gr.get("betas", opts["betas"]) if variant != "defaults_only" else opts["betas"]
+                eps = opts["eps"]
+                for p in gr["params"]:
+                    if p.grad is None:
+                        if variant == "decay_unused":
+                            p.mul_(1 - lr * wd)
+                        continue
+                    if variant == "fresh_state" or p not in state:
+                        state[p] = [0, torch.zeros_like(p), torch.zeros_like(p)]
+                    s = state[p]
+                    counter[0] += 1
+                    s[0] += 1
+                    t = counter[0] if variant == "global_counter" else s[0]
+                    grad = p.grad + wd * p if variant == "l2" else p.grad
+                    if variant == "decay_without_lr":
+                        p.mul_(1 - wd)
+                    elif variant != "l2":
+                        p.mul_(1 - lr * wd)
+                    s[1].mul_(b1).add_(grad, alpha=1 - b1)
+                    s[2].mul_(b2).addcmul_(grad, grad, value=1 - b2)
+                    if variant == "no_bias_correction":
+                        m_hat, v_hat = s[1], s[2]
+                    else:
+                        m_hat, v_hat = s[1] / (1 - b1 ** t), s[2] / (1 - b2 ** t)
+                    denom = (v_hat + eps).sqrt() if variant == "eps_inside" else v_hat.sqrt() + eps
+                    p.sub_(lr * m_hat / denom)
+    return _flat(problem)
+
+
+_ADAMW_HINTS = [
+    ("fresh_state", "the optimizer state is re-created every step: the moments and step count must persist in "
+                    "self.state between calls to step(), created once per parameter."),
+    ("no_bias_correction", "the bias correction is missing: divide m by (1 - beta1**t) and v by (1 - beta2**t), "
+                           "t counting this parameter's steps from 1."),
+    ("l2", "that is L2 regularisation (weight_decay * p added to the gradient), not AdamW's decoupled decay: "
+           "shrink the parameter directly, p *= 1 - lr * weight_decay, and keep the gradient as it is."),
+    ("decay_without_lr", "the decoupled decay is multiplied by the learning rate: p *= 1 - lr * weight_decay."),
+    ("eps_inside", "eps is added after the square root: sqrt(v_hat) + eps, not sqrt(v_hat + eps)."),
+    ("defaults_only", "each param group's own settings (lr, weight_decay, betas) override the constructor's "
+                      "defaults; read them from the group at every step."),
+    ("global_counter", "the step count t is per parameter and per call to step(): a counter increased for every "
+                       "parameter update makes the bias correction wrong."),
+    ("decay_unused", "parameters whose .grad is None are skipped entirely, weight decay included (as in "
+                     "torch.optim.AdamW)."),
+]
+
+
+def _adamw_case(AdamW, make, opts, steps, what):
+    student_problem = make()
+    with forbid(*_ADAMW_BUILTINS, exercise="AdamW"):
+        opt = call(AdamW, student_problem, **opts, name="AdamW(...)")
+        step = getattr(opt, "step", None)
+        expect(step is not None, "your AdamW has no step method.", "define step(self, closure=None).")
+        snapshots = {}
+        for i in range(1, steps + 1):
+            call(step, student_problem, name="AdamW.step")
+            if i in (1, 2, 10, steps):
+                snapshots[i] = _flat(student_problem)
+    want_problem = make()
+    ref = torch.optim.AdamW(list(want_problem), **opts)
+    for i in range(1, steps + 1):
+        ref.step(want_problem)
+        if i in snapshots and not torch.allclose(snapshots[i], _flat(want_problem), atol=2e-5, rtol=1e-4):
+            got = snapshots[steps] if steps in snapshots else snapshots[i]
+            hint = ("follow the update of torch.optim.AdamW: p *= 1 - lr*wd; m = b1 m + (1-b1) g; "
+                    "v = b2 v + (1-b2) g^2; p -= lr * m_hat / (sqrt(v_hat) + eps).")
+            want_final = None
+            for variant, text in _ADAMW_HINTS:
+                other = _adamw_variant(make(), steps, opts, variant)
+                if want_final is None:
+                    r = make()
+                    opt2 = torch.optim.AdamW(list(r), **opts)
+                    for _ in range(steps):
+                        opt2.step(r)
+                    want_final = _flat(r)
+                if torch.allclose(got, other, atol=2e-5, rtol=1e-4) and not torch.allclose(other, want_final,
+                                                                                            atol=2e-5, rtol=1e-4):
+                    hint = text
+                    break
+            diff = (snapshots[i] - _flat(want_problem)).abs().max().item()
+            fail(f"{what}: after {i} step(s) the parameters differ from torch.optim.AdamW's by up to {diff:.3g}.", hint)
+
+
+def check_adamw(AdamW, hidden: bool = False) -> None:
+    groups = [{"names": ["w1", "w2", "unused"], "weight_decay": 0.1},
+              {"names": ["b1", "gain"], "weight_decay": 0.0, "lr": 0.003}]
+    opts = {"lr": 0.01, "betas": (0.9, 0.95), "eps": 1e-8, "weight_decay": 0.05}
+    _adamw_case(AdamW, lambda: AdamProblem(4, 6, 2, groups, 531), opts, 100, "AdamW over 100 steps, two param groups")
+    if not hidden:
+        return
+    rng = hidden_rng("adamw")
+    for k in range(3):
+        names = ["w1", "b1", "gain", "w2", "unused"]
+        rng.shuffle(names)
+        cut = sorted(rng.sample(range(1, 5), rng.randrange(1, 3)))
+        drawn = []
+        for part in [names[a:b] for a, b in zip([0] + cut, cut + [5])]:
+            gr: dict = {"names": part}
+            if rng.random() < 0.7:
+                gr["weight_decay"] = rng.choice([0.0, 0.01, 0.1, 0.5])
+            if rng.random() < 0.5:
+                gr["lr"] = float(f"{10 ** rng.uniform(-3.3, -1.5):.3g}")
+            if rng.random() < 0.3:
+                gr["betas"] = rng.choice([(0.8, 0.99), (0.9, 0.9), (0.5, 0.999)])
+            drawn.append(gr)
+        opts = {"lr": float(f"{10 ** rng.uniform(-3, -1.5):.3g}"), "betas": rng.choice([(0.9, 0.999), (0.9, 0.95)]),
+                "eps": rng.choice([1e-8, 1e-6, 1e-3]), "weight_decay": rng.choice([0.01, 0.1, 0.3])}
+        dims = (rng.randrange(2, 7), rng.randrange(2, 9), rng.randrange(1, 4))
+        seed = hidden_seed(f"adamw/problem{k}")
+        steps = rng.randrange(40, 81)
+        _adamw_case(AdamW, lambda: AdamProblem(*dims, drawn, seed), opts, steps,
+                    f"AdamW over {steps} steps with groups {[{k2: v for k2, v in g.items()} for g in drawn]}")
+    opts = {"lr": 0.005, "betas": (0.9, 0.999), "eps": 1e-8, "weight_decay": rng.choice([0.1, 0.5])}
+    seed = hidden_seed("adamw/plain")
+    _adamw_case(AdamW, lambda: AdamProblem(3, 5, 2, [], seed, plain=True), opts, 30,
+                "AdamW given a plain list of parameters (no groups)")
+
+# ----------------------------------------------------------------------------- exercise 4
+
+class _GroupsModel(nn.Module):
+    def __init__(self, tied: bool = True):
+        super().__init__()
+        self.tok = nn.Embedding(11, 8)
+        self.pos = nn.Embedding(6, 8)
+        self.fc = nn.Linear(8, 8)
+        self.ln = nn.LayerNorm(8)
+        self.head = nn.Linear(8, 11, bias=False)
+        if tied:
+            self.head.weight = self.tok.weight
+
+
+class _GroupsDrawn(nn.Module):
+    def __init__(self, rng: random.Random):
+        super().__init__()
+        vocab, d = rng.randrange(5, 40), rng.randrange(2, 13)
+        self.tok = nn.Embedding(vocab, d)
+        layers: list[nn.Module] = [nn.Linear(d, d, bias=rng.random() < 0.5)]
+        for _ in range(rng.randrange(1, 4)):
+            layers.append(rng.choice([nn.Linear(d, d, bias=rng.random() < 0.5), nn.LayerNorm(d), nn.GELU(),
+                                      nn.Embedding(rng.randrange(2, 9), d)]))
+        self.body = nn.ModuleList(layers)
+        self.norm = nn.LayerNorm(d, bias=rng.random() < 0.5)
+        self.head = nn.Linear(d, vocab, bias=rng.random() < 0.4)
+        if rng.random() < 0.6 and self.head.bias is None:
+            self.head.weight = self.tok.weight
+
+
+def _groups_case(param_groups, model: nn.Module, wd: float) -> None:
+    groups = call(param_groups, model, wd, name="param_groups")
+    expect(isinstance(groups, list) and len(groups) == 2 and all(isinstance(g, dict) for g in groups),
+           "param_groups should return a list of two dicts.",
+           "return [{'params': decay, 'weight_decay': weight_decay}, {'params': no_decay, 'weight_decay': 0.0}].")
+    decay, plain = groups
+    expect(math.isclose(float(decay.get("weight_decay", -1)), wd) and float(plain.get("weight_decay", -1)) == 0.0,
+           f"the groups have weight_decay {decay.get('weight_decay')} and {plain.get('weight_decay')}, expected "
+           f"{wd} (the argument) and 0.0.",
+           "set 'weight_decay' in each dict: the first group gets the weight_decay passed in, the second 0.0.")
+    params = list(model.parameters())
+    ids = [id(p) for g in groups for p in g["params"]]
+    embeddings = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)}
+    linear_weights = {id(m.weight) for m in model.modules() if isinstance(m, nn.Linear)}
+    if len(ids) != len(set(ids)):
+        fail("a parameter appears twice in the groups.",
+             "a tied weight is one Parameter: model.parameters() lists it once; build the groups from that list "
+             "(named_modules visits it once per module that holds it).")
+    expect(set(ids) == {id(p) for p in params},
+           f"the groups hold {len(set(ids))} distinct parameters, the model has {len(params)}.",
+           "every parameter of the model goes in exactly one of the two groups.")
+    decayed = {id(p) for p in decay["params"]}
+    if decayed & embeddings:
+        fail("an embedding table is in the decayed group.",
+             "this course does not decay embeddings, even when the table is tied to the output layer (a convention: "
+             "nanoGPT decays every matrix, embeddings included; decide per module type, not by ndim alone).")
+    if decayed - linear_weights:
+        fail("LayerNorm parameters or biases are in the decayed group.",
+             "decay only matrices of nn.Linear layers: biases and norm gains are 1-D and should not be pulled to 0.")
+    expect(decayed == linear_weights - embeddings, "some nn.Linear weights are missing from the decayed group.",
+           "every nn.Linear weight that is not also an embedding table is decayed.")
+
+
+def check_param_groups(param_groups, hidden: bool = False) -> None:
+    _groups_case(param_groups, _GroupsModel(tied=True), 0.1)
+    if hidden:
+        rng = hidden_rng("param_groups")
+        _groups_case(param_groups, _GroupsModel(tied=False), float(f"{rng.uniform(0.01, 0.3):.3g}"))
+        for _ in range(4):
+            _groups_case(param_groups, _GroupsDrawn(rng), float(f"{rng.uniform(0.01, 0.5):.3g}"))
+
+# ----------------------------------------------------------------------------- exercise 5
+
+def _lr_oracle(step, max_lr, min_lr, warmup, max_steps):
+    if step < warmup:
+        return max_lr * (step + 1) / warmup
+    if step >= max_steps:
+        return min_lr
+    progress = (step - warmup) / (max_steps - warmup)
+    return min_lr + (max_lr - min_lr) * 0.5 * (1 + math.cos(math.pi * progress))
+
+
+def check_lr_at(lr_at, hidden: bool = False) -> None:
+    configs = [(1.0, 0.1, 10, 100), (6e-4, 6e-5, 5, 30)]
+    if hidden:
+        rng = hidden_rng("lr_at")
+        configs.append((3e-4, 0.0, 0, 20))             # no warm-up at all
+        for _ in range(3):
+            max_lr = float(f"{10 ** rng.uniform(-5, 0):.3g}")
+            warmup = rng.randrange(1, 40)
+            configs.append((max_lr, max_lr * rng.choice([0.0, 0.01, 0.1, 0.5]), warmup, warmup + rng.randrange(1, 200)))
+    for max_lr, min_lr, warmup, max_steps in configs:
+        for step in range(0, max_steps + 15):
+            got = call(lr_at, step, max_lr, min_lr, warmup, max_steps, name="lr_at")
+            want = _lr_oracle(step, max_lr, min_lr, warmup, max_steps)
+            if isinstance(got, (int, float)) and math.isclose(got, want, rel_tol=1e-6, abs_tol=1e-12):
+                continue
+            expect(isinstance(got, (int, float)), f"lr_at returned {type(got).__name__}, expected a float.",
+                   "return a Python float (math.cos, not torch.cos).")
+            cos = lambda p: 0.5 * (1 + math.cos(math.pi * p))  # noqa: E731
+            if step < warmup and math.isclose(got, max_lr, rel_tol=1e-6):
+                hint = "the schedule is at its peak at step 0: warm up linearly, max_lr * (step + 1) / warmup_steps."
+            elif step < warmup and math.isclose(got, max_lr * step / warmup, rel_tol=1e-6, abs_tol=1e-15):
+                hint = "warm-up counts from step + 1: step 0 already uses max_lr / warmup_steps, never 0."
+            elif step < warmup:
+                hint = "during warm-up the rate rises linearly: max_lr * (step + 1) / warmup_steps."
+            elif step >= max_steps and not math.isclose(got, min_lr, rel_tol=1e-6, abs_tol=1e-15):
+                hint = "after max_steps the rate stays at min_lr (the cosine must not come back up)."
+            elif math.isclose(got, max_lr * cos((step - warmup) / (max_steps - warmup)), rel_tol=1e-6, abs_tol=1e-15):
+                hint = "the cosine decays to min_lr, not to 0: lr = min_lr + (max_lr - min_lr) * (1 + cos(pi p)) / 2."
+            elif math.isclose(got, min_lr + (max_lr - min_lr) * cos(step / max_steps), rel_tol=1e-6):
+                hint = ("the cosine's progress starts after warm-up: p = (step - warmup_steps) / (max_steps - "
+                        "warmup_steps), so that p = 0 right after warm-up and 1 at max_steps.")
+            else:
+                hint = "lr = min_lr + (max_lr - min_lr) * (1 + cos(pi p)) / 2 with p = (step - warmup) / (max_steps - warmup)."
+            fail(f"lr_at({step}, max_lr={max_lr}, min_lr={min_lr}, warmup_steps={warmup}, max_steps={max_steps}) "
+                 f"= {got:.6g}, expected {want:.6g}.", hint)
+
+# ----------------------------------------------------------------------------- exercise 6
+
+_CLIP_BUILTINS = ((torch.nn.utils, "clip_grad_norm_"), (torch.nn.utils, "clip_grad_norm"),
+                  (torch.nn.utils, "get_total_norm"), (torch.nn.utils, "clip_grads_with_norm_"),
+                  (torch.nn.utils.clip_grad, "clip_grad_norm_"), (torch.nn.utils.clip_grad, "_get_total_norm"),
+                  (torch.nn.utils.clip_grad, "_clip_grads_with_norm_"))
+
+
+def check_clip_grad_norm(clip_grad_norm, hidden: bool = False) -> None:
+    g = generator(561) if not hidden else hidden_generator("clip_grad_norm")
+    cases = [([torch.randn(4, 3, generator=g) * 2, torch.randn(3, generator=g)], 1.0, "a norm above max_norm"),
+             ([torch.randn(5, generator=g) * 0.01, torch.randn(2, 2, generator=g) * 0.01], 1.0, "a norm below max_norm"),
+             ([torch.full((3,), 10.0), torch.zeros(2)], 0.5, "one large gradient and one zero gradient")]
+    if hidden:
+        rng = hidden_rng("clip_grad_norm")
+        cases.append(([torch.zeros(3, 2), torch.zeros(4)], 1.0, "all-zero gradients"))
+        cases.append(([torch.randn(7, generator=g) * 100], 2.0, "a single gradient tensor"))
+        for _ in range(3):
+            shapes = [tuple(rng.randrange(1, 6) for _ in range(rng.randrange(1, 4))) for _ in range(rng.randrange(2, 6))]
+            scale = rng.choice([1e-3, 0.1, 1.0, 30.0])
+            grads = [torch.randn(s, generator=g) * scale * rng.random() for s in shapes]
+            cases.append((grads, float(f"{10 ** rng.uniform(-2, 1):.3g}"), f"{len(shapes)} gradients of shapes {shapes}"))
+    for grads, max_norm, what in cases:
+        with forbid(*_CLIP_BUILTINS, exercise="global-norm clipping"):
+            got = call(clip_grad_norm, [t.clone() for t in grads], max_norm, name="clip_grad_norm")
+        expect(isinstance(got, (tuple, list)) and len(got) == 2, "clip_grad_norm should return (clipped, norm).",
+               "return the list of clipped gradients and the norm.")
+        clipped, norm = got
+        params = [nn.Parameter(torch.zeros_like(t)) for t in grads]
+        for p, t in zip(params, grads):
+            p.grad = t.clone()
+        want_norm = float(torch.nn.utils.clip_grad_norm_(params, max_norm))
+        want = [p.grad for p in params]
+        norm = float(norm)
+        true_norm = math.sqrt(sum(float(t.double().pow(2).sum()) for t in grads))
+        if not math.isclose(norm, want_norm, rel_tol=1e-5, abs_tol=1e-7):
+            if true_norm > max_norm and math.isclose(norm, max_norm, rel_tol=1e-4):
+                hint = "return the global norm measured before clipping (what clip_grad_norm_ returns), not after."
+            elif math.isclose(norm, sum(float(t.norm()) for t in grads), rel_tol=1e-5):
+                hint = ("the global norm is sqrt of the sum of squares of all entries (the norm of the per-tensor "
+                        "norms), not the sum of the per-tensor norms.")
+            else:
+                hint = "the global norm is sqrt(sum over all tensors of (g ** 2).sum())."
+            fail(f"clip_grad_norm on {what} returned the norm {norm:.6g}, expected {want_norm:.6g}.", hint)
+        expect(isinstance(clipped, (list, tuple)) and len(clipped) == len(grads),
+               f"clip_grad_norm should return {len(grads)} clipped gradients.", "one gradient out per gradient in.")
+        got_cat = torch.cat([c.detach().flatten() for c in clipped])
+        want_cat = torch.cat([w.flatten() for w in want])
+        if not torch.allclose(got_cat, want_cat, atol=1e-6, rtol=1e-5):
+            if true_norm < max_norm and not torch.allclose(got_cat, torch.cat([t.flatten() for t in grads]), atol=1e-7):
+                hint = "gradients whose global norm is already below max_norm must be left unchanged: never scale up."
+            elif all(float(c.norm()) <= max_norm * (1 + 1e-4) for c in clipped) and len(grads) > 1:
+                hint = ("each tensor was clipped on its own: clip by the global norm of all gradients together, "
+                        "multiplying every gradient by the same factor max_norm / (norm + 1e-6).")
+            else:
+                hint = "multiply every gradient by min(1, max_norm / (norm + 1e-6))."
+            fail(f"the clipped gradients on {what} differ from clip_grad_norm_'s.", hint)
+
+# ----------------------------------------------------------------------------- exercise 7
+
+def _accumulated_oracle(model, micro_batches):
+    x = torch.cat([mx for mx, _ in micro_batches])
+    y = torch.cat([my for _, my in micro_batches])
+    model.zero_grad()
+    logits = model(x)
+    F.cross_entropy(logits.flatten(0, 1), y.flatten(), ignore_index=-100).backward()
+    return [p.grad.clone() for p in model.parameters()]
+
+
+def _accum_variant(model, micro_batches, variant):
+    model.zero_grad()
+    total = sum(int((y != -100).sum()) for _, y in micro_batches)
+    for x, y in micro_batches:
+        logits = model(x).flatten(0, 1)
+        if variant == "mean_of_means":
+            loss = F.cross_entropy(logits, y.flatten(), ignore_index=-100) / len(micro_batches)
+        elif variant == "no_division":
+            loss = F.cross_entropy(logits, y.flatten(), ignore_index=-100, reduction="sum")
+        elif variant == "count_padding":
+            loss = F.cross_entropy(logits, y.flatten(), ignore_index=-100, reduction="sum") / sum(
+                my.numel() for _, my in micro_batches)
+        else:
+            loss = F.cross_entropy(logits, y.flatten(), ignore_index=-100, reduction="sum") / total
+        loss.backward()
+    return [p.grad.clone() for p in model.parameters()]
+
+
+def check_accumulate_gradients(accumulate_gradients, hidden: bool = False) -> None:
+    g = generator(571) if not hidden else hidden_generator("accumulate_gradients")
+    V, T = 16, 6
+    sizes = [3, 1, 2]
+    pad_rows = [(0, 4), (2, 2)]   # (micro-batch, number of padded final positions)
+    seed = 572
+    if hidden:
+        rng = hidden_rng("accumulate_gradients")
+        V, T = rng.randrange(5, 30), rng.randrange(2, 9)
+        sizes = [rng.randrange(1, 5) for _ in range(rng.randrange(2, 6))]
+        sizes[-1] = max(1, sizes[0] - 1) if sizes[0] > 1 else sizes[-1] + 1      # unequal micro-batches
+        pad_rows = [(rng.randrange(len(sizes)), rng.randrange(1, T)) for _ in range(2)]
+        seed = hidden_seed("accumulate_gradients/init")
+    micro = []
+    for b in sizes:
+        x = torch.randint(0, V, (b, T), generator=g)
+        micro.append((x, torch.randint(0, V, (b, T), generator=g)))
+    for i, n in pad_rows:
+        micro[i][1][0, T - n:] = -100
+    torch.manual_seed(seed)
+    model = TinyLM(V, 8)
+    reference = copy.deepcopy(model)
+    want = _accumulated_oracle(reference, micro)
+    what = f"micro-batches of sizes {sizes} (block_size {T}, some targets -100)"
+    for attempt in range(2):
+        got = call(accumulate_gradients, model, [(x.clone(), y.clone()) for x, y in micro], name="accumulate_gradients")
+        expect(isinstance(got, (list, tuple)) and len(got) == len(want),
+               f"accumulate_gradients should return {len(want)} gradients (one per parameter).",
+               "return [p.grad.clone() for p in model.parameters()].")
+        got_cat = torch.cat([t.detach().flatten() for t in got])
+        want_cat = torch.cat([t.flatten() for t in want])
+        if torch.allclose(got_cat, want_cat, atol=1e-6, rtol=1e-4):
+            continue
+        if attempt == 1 and torch.allclose(got_cat, 2 * want_cat, atol=1e-6, rtol=1e-4):
+            hint = ("gradients from the previous call were still there: zero the gradients (model.zero_grad()) "
+                    "before the first micro-batch, not only after the step.")
+            fail(f"called a second time on the same model, accumulate_gradients returned twice the gradient.", hint)
+        hint = ("the accumulated gradient must equal the gradient of the mean loss over all target tokens of "
+                "all micro-batches: sum each micro-batch's token losses and divide by the total token count.")
+        for variant, text in [("mean_of_means", "averaging the micro-batches' mean losses weights a small micro-batch "
+                               "as much as a large one: weight each micro-batch by its number of (non-ignored) "
+                               "target tokens, i.e. sum the token losses and divide by the total count."),
+                              ("no_division", "the token losses were summed but never divided by the total number "
+                               "of target tokens."),
+                              ("count_padding", "padding targets (-100) do not count: divide by the number of targets "
+                               "that are not -100.")]:
+            other = torch.cat([t.flatten() for t in _accum_variant(copy.deepcopy(reference), micro, variant)])
+            if torch.allclose(got_cat, other, atol=1e-6, rtol=1e-4):
+                hint = text
+                break
+        else:
+            last = torch.cat([t.flatten() for t in _accum_variant(copy.deepcopy(reference), micro[-1:], "token")])
+            if torch.allclose(got_cat, last * (sum(int((y != -100).sum()) for _, y in micro[-1:]) /
+                                               sum(int((y != -100).sum()) for _, y in micro)), atol=1e-6, rtol=1e-4) \
+                    or torch.allclose(got_cat, last, atol=1e-6, rtol=1e-4):
+                hint = ("only the last micro-batch's gradient survived: zero the gradients once before the loop, "
+                        "never between micro-batches; backward adds into .grad.")
+        fail(f"accumulate_gradients on {what} differs from one backward pass over the whole batch.", hint)
+
+# ----------------------------------------------------------------------------- exercise 8
+
+_SCALER_BUILTINS = ((torch.amp, "GradScaler"), (torch.cuda.amp, "GradScaler"), (torch, "_amp_update_scale_"),
+                    (torch, "_amp_foreach_non_finite_check_and_unscale_"))
+
+
+def _scaler_events(rng: random.Random | None, n: int) -> list[str]:
+    if rng is None:
+        return ["ok"] * 4 + ["inf", "ok", "ok", "nan", "ok", "ok", "ok", "ok", "ok", "ok", "ok", "inf", "inf",
+                             "ok", "ok", "ok", "ok"]
+    return [rng.choice(["ok"] * 6 + ["inf", "nan", "-inf"]) for _ in range(n)]
+
+
+def _scale_variant(events, init, growth, backoff, interval, variant):
+    """The scale after ``events`` under GradScaler's rule with one known mistake."""
+    scale, count = init, 0
+    for event in events:
+        if event != "ok":
+            scale *= 1.0 if variant == "no_backoff" else backoff
+            count = count if variant == "no_reset" else 0
+            continue
+        count += 1
+        if variant == "every_step" or count == interval:
+            scale *= 1.0 if variant == "never_grow" else growth
+            count = 0
+    return scale
+
+
+_SCALER_HINTS = [
+    ("never_grow", "the scale never grows back: after growth_interval finite steps in a row, multiply it by "
+                   "growth_factor (and start counting again)."),
+    ("every_step", "grow only after growth_interval consecutive finite steps, not after every step."),
+    ("no_reset", "an overflow resets the count of good steps: after a skipped step, the scale grows only after "
+                 "growth_interval new finite steps."),
+    ("no_backoff", "back off after an overflow: multiply the scale by backoff_factor."),
+]
+
+
+def check_loss_scaler(DynamicLossScaler, hidden: bool = False) -> None:
+    configs = [(2.0 ** 10, 2.0, 0.5, 3, None)]
+    if hidden:
+        rng = hidden_rng("loss_scaler")
+        configs.append((2.0 ** 16, 2.0, 0.5, 1, None))
+        for _ in range(2):
+            configs.append((2.0 ** rng.randrange(4, 17), rng.choice([2.0, 4.0, 1.5]), rng.choice([0.5, 0.25, 0.125]),
+                            rng.randrange(1, 6), rng))
+    g = generator(581) if not hidden else hidden_generator("loss_scaler")
+    for init, growth, backoff, interval, draw in configs:
+        events = _scaler_events(draw, 40) if hidden and draw is not None else _scaler_events(None, 0)
+        if hidden and draw is None:
+            events = ["nan", "ok", "ok", "inf", "ok", "ok", "ok", "inf", "ok"]
+        what = (f"DynamicLossScaler(init_scale={init:g}, growth_factor={growth:g}, backoff_factor={backoff:g}, "
+                f"growth_interval={interval})")
+        with forbid(*_SCALER_BUILTINS, exercise="the dynamic loss scaler"):
+            scaler = call(DynamicLossScaler, init, growth, backoff, interval, name="DynamicLossScaler(...)")
+        # The update of torch.amp.GradScaler (torch._amp_update_scale_), in float64.
+        scale, tracker = [init], 0
+        history = []
+        for i, event in enumerate(events):
+            history.append(event)
+            loss = torch.rand((), generator=g) + 0.5
+            with forbid(*_SCALER_BUILTINS, exercise="the dynamic loss scaler"):
+                scaled = call(scaler.scale_loss, loss.clone(), name="scale_loss")
+                expect_close(torch.as_tensor(scaled).detach().reshape(()), loss.double() * scale[0],
+                             f"scale_loss after events {history[:-1]}",
+                             "scale_loss multiplies the loss by the current scale.", atol=1e-6, rtol=1e-6)
+                # Small fp16 gradients, as backward of the scaled loss would give them.
+                true = [torch.randn(3, 4, generator=g) * 1e-5, torch.randn(5, generator=g) * 1e-3]
+                grads = [(t * scale[0]).clamp(-6e4, 6e4).half() for t in true]
+                if event != "ok":
+                    grads[i % 2].view(-1)[i % grads[i % 2].numel()] = {"inf": float("inf"), "-inf": float("-inf"),
+                                                                       "nan": float("nan")}[event]
+                got = call(scaler.step, grads, name="DynamicLossScaler.step")
+            want_grads = [gr.float() / scale[0] for gr in grads]
+            if event != "ok":
+                if got is not None:
+                    kind = "NaN" if event == "nan" else "an infinite gradient"
+                    hint = ("skip the step when any gradient is inf or NaN: return None." if event != "nan" else
+                            "skip the step when a gradient is NaN too (return None): NaN is not finite either; test "
+                            "with torch.isfinite, not only isinf.")
+                    fail(f"{what}: step returned gradients although one was {kind} (events {history}).", hint)
+            else:
+                if got is None:
+                    fail(f"{what}: step skipped a step whose gradients were all finite (events {history}).",
+                         "skip only when some gradient is inf or NaN.")
+                expect(isinstance(got, (list, tuple)) and len(got) == len(grads),
+                       f"{what}: step should return one gradient per gradient given.", "return the list of unscaled gradients.")
+                for a, b in zip(got, want_grads):
+                    if torch.allclose(a.detach().float(), b * scale[0] * scale[0], rtol=1e-3, atol=0) and \
+                            not torch.allclose(a.detach().float(), b, rtol=1e-3, atol=0):
+                        fail(f"{what}: the gradients were multiplied by the scale.",
+                             "unscale by dividing by the scale: grad / scale.")
+                    expect(a.dtype == torch.float32, f"{what}: step returned {a.dtype} gradients.",
+                           "return float32 gradients: convert before dividing (g.float() / scale).")
+                    if not torch.allclose(a.detach(), b, rtol=1e-3, atol=0):
+                        other = scale[0] * (growth if tracker + 1 == interval else 1)
+                        hint = ("convert the fp16 gradients to float32 before dividing: small gradients divided in "
+                                "fp16 lose their precision (they underflow).")
+                        if torch.allclose(a.detach(), b * scale[0] / other, rtol=1e-3, atol=0) and other != scale[0]:
+                            hint = ("unscale with the scale the loss was multiplied by, before changing the scale.")
+                        fail(f"{what}: the unscaled gradients differ from grad / scale (events {history}).", hint)
+            if event != "ok":
+                scale[0], tracker = scale[0] * backoff, 0
+            elif tracker + 1 == interval:
+                scale[0], tracker = scale[0] * growth, 0
+            else:
+                tracker += 1
+            got_scale = float(scaler.scale)
+            want_scale = scale[0]
+            if not math.isclose(got_scale, want_scale, rel_tol=1e-9):
+                hint = None
+                for variant, text in _SCALER_HINTS:
+                    if math.isclose(got_scale, _scale_variant(history, init, growth, backoff, interval, variant),
+                                    rel_tol=1e-9):
+                        hint = text
+                        break
+                if hint is None:
+                    hint = ("count consecutive finite steps; when the count reaches growth_interval, multiply the "
+                            "scale by growth_factor and reset the count; an overflow resets it too.")
+                fail(f"{what}: after the events {history} the scale is {got_scale:g}, expected {want_scale:g}.", hint)
+
+# ----------------------------------------------------------------------------- exercise 9
+
+def _tokens(n: int, vocab: int, g: torch.Generator) -> torch.Tensor:
+    return torch.randint(0, vocab, (n,), generator=g)
+
+
+def _round_trip(checkpoint, what: str) -> dict:
+    """torch.save then torch.load(weights_only=True): what a real resumption goes through."""
+    import io
+
+    expect(isinstance(checkpoint, dict), f"{what}: the checkpoint should be a dict, got {type(checkpoint).__name__}.",
+           "return (losses, checkpoint) with checkpoint a dict of tensors, numbers, lists and dicts.")
+    buffer = io.BytesIO()
+    try:
+        torch.save(checkpoint, buffer)
+        buffer.seek(0)
+        return torch.load(buffer, weights_only=True)
+    except Exception as err:  # noqa: BLE001 - any failure here is the answer's
+        fail(f"{what}: the checkpoint could not be saved and loaded back ({type(err).__name__}: {err}).",
+             "keep only tensors, numbers, strings, lists and dicts in the checkpoint (state_dict(), "
+             "generator.get_state(), torch.get_rng_state(), plain ints).")
+
+
+def _resume_experiment(train, tokens, vocab, dropout, lr_pair, steps, stops, init_seed, rng_seeds, kw):
+    """An uninterrupted run, and a run stopped at each of ``stops`` then resumed on a fresh model."""
+    torch.manual_seed(init_seed)
+    full_model = TinyLM(vocab, 12, dropout)
+    torch.manual_seed(init_seed)
+    model = TinyLM(vocab, 12, dropout)
+    args = dict(max_lr=lr_pair[0], min_lr=lr_pair[1], **kw)
+    torch.manual_seed(rng_seeds[0])
+    out = call(train, full_model, tokens.clone(), steps, name="train", **args)
+    expect(isinstance(out, (tuple, list)) and len(out) == 2, "train should return (losses, checkpoint).",
+           "return the list of losses and the checkpoint dict.")
+    full = list(out[0])
+    expect(len(full) == steps, f"train(..., num_steps={steps}) returned {len(full)} losses, expected {steps}.",
+           "append loss.item() once per step and return the list.")
+    pieces, checkpoint, start = [], None, 0
+    for k, stop in enumerate(stops + [None]):
+        torch.manual_seed(rng_seeds[0])
+        if k > 0:
+            torch.manual_seed(init_seed + 7 * k)
+            model = TinyLM(vocab, 12, dropout)      # a fresh model: resuming must restore it
+            torch.manual_seed(rng_seeds[k] + 1000)  # another global RNG: resuming must restore it
+        out = call(train, model, tokens.clone(), steps, resume_from=checkpoint, stop_at=stop, name="train", **args)
+        expect(isinstance(out, (tuple, list)) and len(out) == 2, "train should return (losses, checkpoint).",
+               "return the list of losses and the checkpoint dict.")
+        part = list(out[0])
+        end = stop if stop is not None else steps
+        expect(len(part) == end - start,
+               f"train({'resume_from=<checkpoint of step ' + str(start) + '>, ' if k else ''}stop_at={stop}) ran "
+               f"{len(part)} steps, expected {end - start} (steps {start} to {end - 1}).",
+               "store the step number in the checkpoint and continue from it; with stop_at, the last step run "
+               "is stop_at - 1.")
+        checkpoint = _round_trip(out[1], f"the checkpoint after step {end}")
+        pieces += part
+        start = end
+    return full, pieces, full_model, model
+
+
+def check_train_resume(train, hidden: bool = False) -> None:
+    rng = hidden_rng("train_resume")
+    vocab = 16 if not hidden else rng.randrange(8, 40)
+    g = generator(591) if not hidden else hidden_generator("train_resume")
+    tokens = _tokens(300 if not hidden else rng.randrange(60, 400), vocab, g)
+    steps, stops = (12, [5]) if not hidden else (rng.randrange(9, 16), None)
+    if hidden:
+        a = rng.randrange(1, steps - 3)
+        stops = [a, rng.randrange(a + 1, steps - 1)]           # interrupted twice
+    kw = {} if not hidden else {"batch_size": rng.randrange(2, 6), "block_size": rng.randrange(3, 10),
+                                "warmup_steps": rng.randrange(1, 5), "seed": rng.randrange(1000)}
+    init = 592 if not hidden else hidden_seed("train_resume/init")
+    seeds = [593, 594, 595] if not hidden else [hidden_seed(f"train_resume/rng{i}") % 2**31 for i in range(3)]
+    with forbid(*_ADAMW_BUILTINS, exercise="the training loop with your own AdamW"):
+        full, pieces, full_model, resumed = _resume_experiment(train, tokens, vocab, 0.2, (1e-2, 1e-3), steps, stops,
+                                                               init, seeds, kw)
+        if pieces == full and torch.equal(_flat(full_model), _flat(resumed)):
+            expect(len(set(full)) > 1, "the losses did not change during training.",
+                   "call optimizer.step() every step.")
+            return
+        first_bad = next((i for i, (a, b) in enumerate(zip(pieces, full)) if a != b), len(full))
+        if first_bad < stops[0]:
+            fail(f"the run stopped at step {stops[0]} gave other losses than the uninterrupted run before stopping "
+                 f"(step {first_bad}).",
+                 "the run must be a function of its arguments: create the data generator with "
+                 "torch.Generator().manual_seed(seed) inside train, and do not draw from it anywhere else.")
+        saved_at = max([s for s in stops if s <= first_bad] or stops[:1])
+        what = (f"resuming from the checkpoint saved at step {saved_at} did not continue the run exactly: the first "
+                f"different loss is at step {first_bad} ({pieces[first_bad] if first_bad < len(pieces) else None!r} "
+                f"instead of {full[first_bad] if first_bad < len(full) else None!r}).")
+        # Narrow it down with runs in which only some of the state matters.
+        same = _tokens(300, 1, g)                      # every window is the same: the data position cannot matter
+        kw_const = {**kw, "warmup_steps": 0}          # and a constant learning rate below
+        f1, p1, m1, r1 = _resume_experiment(train, same, vocab, 0.0, (5e-3, 5e-3), steps, stops, init, seeds,
+                                            kw_const)
+        if p1 != f1:
+            if p1[stops[0]] != f1[stops[0]]:
+                fail(what, "the model's weights were not restored: save model.state_dict() and load it with "
+                           "model.load_state_dict() when resuming.")
+            fail(what, "the optimizer's state was not restored: the moments (exp_avg, exp_avg_sq) and step counts "
+                       "of every parameter must be saved and loaded, or the resumed steps differ.")
+        f2, p2, _, _ = _resume_experiment(train, same, vocab, 0.0, (1e-2, 1e-3), steps, stops, init, seeds,
+                                          kw_const)
+        if p2 != f2:
+            fail(what, "the schedule restarted: save the step number and continue lr_at(step, ...) from it.")
+        f3, p3, _, _ = _resume_experiment(train, tokens, vocab, 0.0, (1e-2, 1e-3), steps, stops, init, seeds,
+                                          kw)
+        if p3 != f3:
+            fail(what, "the data position was not restored: save the batch generator's state "
+                       "(generator.get_state()) and restore it (generator.set_state(...)) so the resumed run draws "
+                       "the same batches.")
+        fail(what, "the global RNG (dropout's masks) was not restored: save torch.get_rng_state() and restore it "
+                   "with torch.set_rng_state() when resuming.")

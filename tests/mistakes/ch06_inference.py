@@ -1,0 +1,148 @@
+"""Chapter 6: common mistakes, each of which must lose points and get its own hint."""
+
+from notebook_tools import Mistake
+
+_TOP_P_BEFORE_T = ("        probs = torch.softmax(x, dim=-1)\n",
+                   "        probs = torch.softmax(x * temperature, dim=-1)\n")
+
+MISTAKES = [
+    # ---------------------------------------------------------------- 1: processing logits
+    Mistake("top_p_before_temperature", "ex1_answer", *_TOP_P_BEFORE_T,
+            ("ex1_visible", "ex1_hidden"), "apply the temperature before top-p"),
+    Mistake("top_p_drops_crossing_token", "ex1_answer", "remove_sorted = before >= top_p",
+            "remove_sorted = sorted_p.cumsum(dim=-1) > top_p",
+            ("ex1_visible", "ex1_hidden"), "the token that crosses top_p"),
+    Mistake("top_k_keeps_k_minus_one", "ex1_answer", "x.masked_fill(x < kth,", "x.masked_fill(x <= kth,",
+            ("ex1_visible", "ex1_hidden"), "keep k tokens"),
+    Mistake("penalty_always_divides", "ex1_answer",
+            "torch.where(v > 0, v / repetition_penalty, v * repetition_penalty)", "v / repetition_penalty",
+            ("ex1_visible", "ex1_hidden"), "dividing a negative logit"),
+    Mistake("penalty_per_occurrence", "ex1_answer",
+            "            seen = prev_tokens[b].unique()                        # each distinct token once\n"
+            "            v = x[b, seen]\n"
+            "            x[b, seen] = torch.where(v > 0, v / repetition_penalty, v * repetition_penalty)",
+            "            for t in prev_tokens[b].tolist():\n"
+            "                v = x[b, t]\n"
+            "                x[b, t] = v / repetition_penalty if v > 0 else v * repetition_penalty",
+            ("ex1_visible", "ex1_hidden"), "once, not once per occurrence"),
+    # ---------------------------------------------------------------- 2: sampling
+    Mistake("global_rng", "ex2_answer", "torch.multinomial(probs, 1, generator=generator)",
+            "torch.multinomial(probs, 1)", ("ex2_visible", "ex2_hidden"), "draw with the generator you are given"),
+    Mistake("greedy_ignores_penalty", "ex2_answer",
+            "x = process_logits(logits, 1.0, None, None, repetition_penalty, prev_tokens)\n        return",
+            "x = logits\n        return", ("ex2_visible", "ex2_hidden"), "apply the repetition penalty before the argmax"),
+    # ---------------------------------------------------------------- 3: the cached layer
+    Mistake("positions_restart_at_zero", "ex3_answer",
+            "positions = past_len + torch.arange(T, device=x.device)", "positions = torch.arange(T, device=x.device)",
+            ("ex3_visible", "ex3_hidden"), "positions of new tokens must start at the cache length"),
+    Mistake("is_causal_top_left", "ex3_answer", "attn_mask=mask)", "is_causal=True)",
+            ("ex3_visible", "ex3_hidden"), "the causal mask is aligned top-left"),
+    Mistake("no_mask_with_cache", "ex3_answer", "attn_mask=mask)", "is_causal=kv_cache is None)",
+            ("ex3_hidden",), "several new tokens arrived with a cache"),
+    Mistake("cache_repeated_heads", "ex3_answer", "return self.out_proj(out), cache",
+            "return self.out_proj(out), (k, v)", ("ex3_visible", "ex3_hidden"), "before repeating them"),
+    Mistake("cache_before_rope", "ex3_answer",
+            "        k = apply_rope(k, positions, self.rope_base)\n"
+            "        if kv_cache is not None:\n"
+            "            k = torch.cat((kv_cache[0], k), dim=2)                                   # (B, n_kv_heads, T_k, d_head)\n"
+            "            v = torch.cat((kv_cache[1], v), dim=2)\n"
+            "        cache = (k, v)\n"
+            "        T_k = k.shape[2]\n",
+            "        if kv_cache is not None:\n"
+            "            k = torch.cat((kv_cache[0], k), dim=2)\n"
+            "            v = torch.cat((kv_cache[1], v), dim=2)\n"
+            "        cache = (k, v)\n"
+            "        T_k = k.shape[2]\n"
+            "        k = apply_rope(k, torch.arange(T_k, device=x.device), self.rope_base)\n",
+            ("ex3_visible", "ex3_hidden"), "cache the keys after RoPE"),
+    Mistake("gqa_repeat_tiles_heads", "ex3_answer",
+            "        k = k.repeat_interleave(group, dim=1)                                        # (B, n_heads, T_k, d_head)\n"
+            "        v = v.repeat_interleave(group, dim=1)",
+            "        k = k.repeat(1, group, 1, 1)\n        v = v.repeat(1, group, 1, 1)",
+            ("ex3_visible", "ex3_hidden"), "not repeat"),
+    # ---------------------------------------------------------------- 4: generation
+    Mistake("cache_not_reset_between_prompts", "ex4_answer",
+            "    for prompt in prompts:\n        kv_caches = None\n", "    kv_caches = None\n    for prompt in prompts:\n",
+            ("ex4_visible", "ex4_hidden"), "reset the cache for each prompt"),
+    Mistake("whole_sequence_with_cache", "ex4_answer", "step_input = token", "step_input = seq",
+            ("ex4_visible", "ex4_hidden"), "feed only the newest token"),
+    Mistake("cache_never_used", "ex4_answer", "logits, kv_caches = model(step_input, kv_caches)",
+            "logits, kv_caches = model(seq)", ("ex4_visible", "ex4_hidden"), "must reuse the cache"),
+    Mistake("first_position_logits", "ex4_answer", "last = logits[:, -1]", "last = logits[:, 0]",
+            ("ex4_visible", "ex4_hidden"), "logits at the last position"),
+    # ---------------------------------------------------------------- 5: beam search
+    Mistake("beam_no_length_norm", "ex5_answer", "score / (len(tokens) - 1) ** length_penalty", "score",
+            ("ex5_visible", "ex5_hidden"), "no length normalisation"),
+    Mistake("beam_length_counts_bos", "ex5_answer", "score / (len(tokens) - 1) ** length_penalty",
+            "score / len(tokens) ** length_penalty", ("ex5_visible", "ex5_hidden"), "not the bos token"),
+    Mistake("beam_expands_finished", "ex5_answer", "(finished if token == eos_id else new_alive).append(hyp)",
+            "new_alive.append(hyp)", ("ex5_visible", "ex5_hidden"), "move it out of the beam"),
+    Mistake("beam_forgets_parent_score", "ex5_answer",
+            "scores = torch.tensor([s for _, s in alive], dtype=torch.float64)[:, None] + logp", "scores = logp",
+            ("ex5_visible", "ex5_hidden"), "its parent's score plus"),
+    Mistake("beam_drops_alive_at_max_len", "ex5_answer",
+            "    finished += alive                                             # reached max_len without eos\n", "",
+            ("ex5_visible", "ex5_hidden"), "still alive count as finished"),
+    # ---------------------------------------------------------------- 6: int8
+    Mistake("one_scale_per_tensor", "ex6_answer",
+            "    amax = w.abs().amax(dim=1)                                         # (out,)\n"
+            "    scale = torch.where(amax > 0, amax / 127, torch.ones_like(amax))   # an all-zero row keeps scale 1\n"
+            "    q = torch.round(w / scale[:, None])",
+            "    amax = w.abs().amax()\n"
+            "    scale = torch.where(amax > 0, amax / 127, torch.ones_like(amax))\n"
+            "    q = torch.round(w / scale)",
+            ("ex6_visible", "ex6_hidden"), "one scale per output channel"),
+    Mistake("zero_row_zero_scale", "ex6_answer", "torch.where(amax > 0, amax / 127, torch.ones_like(amax))",
+            "amax / 127", ("ex6_visible", "ex6_hidden"), "all-zero row gave a zero scale"),
+    Mistake("scale_over_128", "ex6_answer", "torch.where(amax > 0, amax / 127,", "torch.where(amax > 0, amax / 128,",
+            ("ex6_visible", "ex6_hidden"), "not 128"),
+    Mistake("truncate_not_round", "ex6_answer", "q = torch.round(w / scale[:, None])", "q = (w / scale[:, None])",
+            ("ex6_visible", "ex6_hidden"), "truncates toward zero"),
+    Mistake("int8_linear_keeps_float_weight", "ex6_answer",
+            '        self.register_buffer("scale", scale)',
+            '        self.register_buffer("scale", scale)\n        self.weight = linear.weight',
+            ("ex6_visible", "ex6_hidden"), "not the float weight as well"),
+    Mistake("int8_linear_drops_bias", "ex6_answer", "return F.linear(x, w, self.bias)", "return F.linear(x, w)",
+            ("ex6_visible", "ex6_hidden"), "add the layer's bias"),
+    # ---------------------------------------------------------------- 7: memory
+    Mistake("kv_projections_full_width", "ex7_answer", 'kv_width = config["n_kv_heads"] * d_head', "kv_width = d",
+            ("ex7_visible", "ex7_hidden"), "grouped-query attention shrinks them"),
+    Mistake("head_counted_when_tied", "ex7_answer",
+            'embeddings = V * d if config["tie_embeddings"] else 2 * V * d', "embeddings = 2 * V * d",
+            ("ex7_visible", "ex7_hidden"), "count it once"),
+    Mistake("norms_forgotten", "ex7_answer", "return embeddings + L * (attn + mlp + norms) + d",
+            "return embeddings + L * (attn + mlp)", ("ex7_visible", "ex7_hidden"), "RMSNorm weights"),
+    Mistake("mlp_two_matrices", "ex7_answer", 'mlp = 3 * d * config["d_ff"]', 'mlp = 2 * d * config["d_ff"]',
+            ("ex7_visible", "ex7_hidden"), "three matrices"),
+    Mistake("kv_cache_keys_only", "ex7_answer", 'per_token = 2 * config["n_layers"]', 'per_token = config["n_layers"]',
+            ("ex7_visible", "ex7_hidden"), "keys and values"),
+    Mistake("kv_cache_all_heads", "ex7_answer", 'config["n_kv_heads"] * d_head * torch.empty',
+            'config["n_heads"] * d_head * torch.empty', ("ex7_visible", "ex7_hidden"), "not n_heads"),
+    Mistake("kv_dtype_ignored", "ex7_answer", "kv_dtype = weight_dtype if kv_dtype is None else kv_dtype",
+            "kv_dtype = weight_dtype", ("ex7_visible", "ex7_hidden"), "uses kv_dtype"),
+    Mistake("kv_cache_one_sequence", "ex7_answer", "per_token * seq_len * batch_size", "per_token * seq_len",
+            ("ex7_visible", "ex7_hidden"), "multiply the KV part by batch_size"),
+    # ---------------------------------------------------------------- 8: speculative decoding
+    Mistake("acceptance_ratio_inverted", "ex8_answer",
+            "ratio = target_probs[rows, j, x] / draft_probs[rows, j, x]",
+            "ratio = draft_probs[rows, j, x] / target_probs[rows, j, x]",
+            ("ex8_visible", "ex8_hidden"), "ratio is inverted"),
+    Mistake("accept_only_when_target_higher", "ex8_answer", "accepting & (u < ratio)", "accepting & (ratio >= 1)",
+            ("ex8_visible", "ex8_hidden"), "do not accept only when"),
+    Mistake("residual_is_target", "ex8_answer", "probs = residual / residual.sum(dim=-1, keepdim=True)",
+            "probs = target_probs[rows, n_accepted]", ("ex8_visible", "ex8_hidden"),
+            "sample the replacement from max(0, p_j - q_j)"),
+    Mistake("bonus_from_last_draft_position", "ex8_answer",
+            "residual = (target_probs[rows, n_accepted] - q_padded[rows, n_accepted]).clamp(min=0)",
+            "last = n_accepted.clamp(max=k - 1)\n"
+            "    residual = (target_probs[rows, last] - q_padded[rows, n_accepted]).clamp(min=0)",
+            ("ex8_visible", "ex8_hidden"), "target_probs[:, k]"),
+    Mistake("speculative_global_rng", "ex8_answer", "u = torch.rand(B, generator=generator)", "u = torch.rand(B)",
+            ("ex8_visible", "ex8_hidden"), "draw every uniform and every sample from the generator"),
+    Mistake("expected_tokens_off_by_one", "ex8_answer", "(1 - alpha ** (k + 1))", "(1 - alpha ** k)",
+            ("ex8_visible", "ex8_hidden"), "numerator is 1 - a^(k+1)"),
+]
+
+# Graded end to end through the real autograder (each costs a kernel run in CI).
+E2E = {"global_rng", "positions_restart_at_zero", "cache_not_reset_between_prompts", "zero_row_zero_scale",
+       "acceptance_ratio_inverted"}

@@ -15,7 +15,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import signal
 import time
 import traceback

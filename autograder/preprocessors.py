@@ -5,8 +5,7 @@ from __future__ import annotations
 from nbformat.notebooknode import NotebookNode, from_dict
 from nbgrader.preprocessors import NbGraderPreprocessor
 
-from .contract import HIDDEN_PLACEHOLDER, is_graded, strip_hidden_region  # noqa: F401 - re-exported
-from .executor import KERNEL_DIED, NOT_RUN  # noqa: F401 - re-exported
+from .contract import is_graded, strip_hidden_region
 
 
 def _error_output(ename: str, evalue: str) -> NotebookNode:

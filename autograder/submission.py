@@ -15,7 +15,7 @@ import nbformat
 from nbformat.reader import NotJSONError
 
 from . import contract
-from .preprocessors import HIDDEN_PLACEHOLDER, strip_hidden_region
+from .contract import HIDDEN_PLACEHOLDER, strip_hidden_region
 
 
 @dataclass

@@ -115,5 +115,28 @@ def _forbid_here(*targets: tuple[Any, str], exercise: str) -> Iterator[None]:
             setattr(owner, attr, original)
 
 
+def one_thread(check: Callable) -> Callable:
+    """Run a check on one CPU thread: its tensors are tiny, and extra threads only spin."""
+    import functools
+
+    @functools.wraps(check)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            return check(*args, **kwargs)
+        finally:
+            torch.set_num_threads(threads)
+
+    return wrapper
+
+
+def same(a: torch.Tensor, b: torch.Tensor, atol: float = 1e-5, rtol: float = 1e-5) -> bool:
+    """True when a matches b (shapes equal, values close, NaNs in the same places)."""
+    a = a.detach()
+    return (tuple(a.shape) == tuple(b.shape) and
+            torch.allclose(a.to(torch.float64), b.to(torch.float64), atol=atol, rtol=rtol, equal_nan=True))
+
+
 def generator(seed: int) -> torch.Generator:
     return torch.Generator().manual_seed(seed)

@@ -12,9 +12,7 @@ tiled and linear versions create (seen through a dispatch mode) is smaller than 
 
 from __future__ import annotations
 
-import functools
 import math
-from typing import Any, Callable
 
 import torch
 import torch.nn as nn
@@ -23,31 +21,14 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 from ._core import call, expect, expect_close, expect_tensor, fail, forbid, generator
+from ._core import one_thread as _one_thread, same as _same
 from ._hidden import hidden_generator, hidden_rng, hidden_seed
 
 # ----------------------------------------------------------------------------- helpers
 
 
-def _one_thread(check: Callable) -> Callable:
-    """Run a check on one CPU thread: these tensors are tiny, and extra threads only spin."""
-
-    @functools.wraps(check)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        threads = torch.get_num_threads()
-        torch.set_num_threads(1)
-        try:
-            return check(*args, **kwargs)
-        finally:
-            torch.set_num_threads(threads)
-
-    return wrapper
 
 
-def _same(a: torch.Tensor, b: torch.Tensor, atol: float = 1e-5, rtol: float = 1e-5) -> bool:
-    """True when a matches b (shapes equal, values close, NaNs in the same places)."""
-    a = a.detach()
-    return (a.shape == b.shape and
-            torch.allclose(a.to(torch.float64), b.to(torch.float64), atol=atol, rtol=rtol, equal_nan=True))
 
 
 class _LargestTensor(TorchDispatchMode):

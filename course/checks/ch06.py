@@ -15,31 +15,18 @@ from __future__ import annotations
 
 import functools
 import math
-from typing import Any, Callable
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
 from ._core import call, expect, expect_close, expect_tensor, fail, generator
+from ._core import one_thread as _one_thread
 from ._hidden import hidden_generator, hidden_rng, hidden_seed
 
 # ----------------------------------------------------------------------------- helpers
 
 
-def _one_thread(check: Callable) -> Callable:
-    """Run a check on one CPU thread: these tensors are tiny, and extra threads only spin."""
-
-    @functools.wraps(check)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        threads = torch.get_num_threads()
-        torch.set_num_threads(1)
-        try:
-            return check(*args, **kwargs)
-        finally:
-            torch.set_num_threads(threads)
-
-    return wrapper
 
 
 def _same(a: torch.Tensor, b: torch.Tensor, atol: float = 1e-4, rtol: float = 1e-4) -> bool:

@@ -35,6 +35,11 @@ _NUMBERS = itertools.count(1)   # mirror and twin numbers, never reused within a
 _PICKLING = [0]   # while a request is pickled, stand-ins show their own class
 
 
+# Requests that run none of the student's code (but for attribute reads, whose results are
+# kept until the next request that may).
+_READ_ONLY = frozenset({"getattr", "bases", "detach", "items", "len", "value", "repr"})
+
+
 class KernelLost(RuntimeError):
     """The kernel died or stopped answering while a judged cell ran."""
 
@@ -59,12 +64,21 @@ class Channel:
         self._mirror_numbers: dict[int, int] = {}
         self.twins: dict[int, torch.nn.Module] = {}   # our modules handed to the student's code
         self._twin_numbers: dict[int, int] = {}
+        self._attributes: dict[tuple[int, str], Any] = {}   # read since the student's code last ran
 
     def request(self, op: str, target: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         from torch.utils._python_dispatch import _disable_current_modes
 
+        key = (target._number, args[0]) if op == "getattr" and isinstance(target, RemoteObject) else None
+        if key is not None and key in self._attributes:
+            return self._attributes[key]
+        if op not in _READ_ONLY:   # the student's code may run: what we read before may change
+            self._attributes.clear()
         with _disable_current_modes():   # a check's recording mode must not see our own tensors
-            return self._request(op, target, args, kwargs)
+            value = self._request(op, target, args, kwargs)
+        if key is not None and key[0] > 0:
+            self._attributes[key] = value
+        return value
 
     def _request(self, op: str, target: Any, args: tuple, kwargs: dict | None) -> Any:
         self.count += 1
@@ -149,6 +163,9 @@ class Channel:
                 if number not in self.objects:
                     kind = RemoteTensor if value.get("tensor") else RemoteObject
                     self.objects[number] = kind(self, number, "", value.get("bases") or [], str(value.get("type", "")))
+                    if kind is RemoteTensor and isinstance(value.get("shape"), (tuple, list)):
+                        self.objects[number]._set_meta(torch.Size(value["shape"]), value.get("dtype"),
+                                                       str(value.get("device", "cpu")))
                 return self.objects[number]
             if "__dict__" in value:
                 return {self._key(self.decode(k)): self.decode(v) for k, v in value["__dict__"]}
@@ -222,7 +239,7 @@ _PASSED_THROUGH = frozenset({"__name__", "__qualname__", "__doc__", "__wrapped__
 class RemoteObject:
     """An object in the kernel: the student's function, class, model or anything they return."""
 
-    __slots__ = ("_channel", "_number", "_name", "_bases", "_type")
+    __slots__ = ("_channel", "_number", "_name", "_bases", "_type", "_meta")
 
     def __init__(self, channel: Channel, number: int, name: str = "", bases: list[str] | None = None,
                  type_name: str = "") -> None:
@@ -231,6 +248,7 @@ class RemoteObject:
         object.__setattr__(self, "_name", name)
         object.__setattr__(self, "_bases", bases or [])
         object.__setattr__(self, "_type", type_name)
+        object.__setattr__(self, "_meta", {})
 
     def __reduce__(self):
         return (probe.resolve, (self._number, self._name))
@@ -268,7 +286,9 @@ class RemoteObject:
         return int(self._do("len"))
 
     def __iter__(self):
-        return self._do("iter")
+        # One round trip for the whole iteration (parameters, modules, a returned list).
+        items = self._do("items")
+        return iter(items if isinstance(items, list) else [])
 
     def __next__(self):
         return self._do("next")
@@ -318,8 +338,18 @@ class RemoteTensor(RemoteObject):
             return func(*_materialise(args), **_materialise(kwargs or {}))
         return channel.request("function", func, args, kwargs or {})
 
+    def _set_meta(self, shape: torch.Size, dtype: Any, device: str) -> None:
+        if isinstance(dtype, torch.dtype):
+            self._meta.update(shape=shape, dtype=dtype, device=torch.device(device), ndim=len(shape))
+
+    def __getattr__(self, name: str) -> Any:
+        meta = object.__getattribute__(self, "_meta")
+        if name in meta:   # shape, dtype, device, ndim: fixed for a tensor that keeps its graph
+            return meta[name]
+        return super().__getattr__(name)
+
     def detach(self) -> torch.Tensor:
-        return self._do("getattr", "detach")()
+        return self._do("detach")
 
     def _plain(self) -> torch.Tensor:
         return self.detach()

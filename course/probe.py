@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import itertools
 import operator
 import traceback
 from typing import Any, Iterator
@@ -86,8 +87,11 @@ def _importable_bases(obj: Any) -> list[str]:
 
 
 def _ref(obj: Any) -> dict:
-    return {"__ref__": _keep(obj), "type": type(obj).__qualname__, "bases": _importable_bases(obj),
+    info = {"__ref__": _keep(obj), "type": type(obj).__qualname__, "bases": _importable_bases(obj),
             "callable": callable(obj), "tensor": isinstance(obj, torch.Tensor)}
+    if isinstance(obj, torch.Tensor):   # read often by checks: sent along, saves a round trip each
+        info.update(shape=tuple(obj.shape), dtype=obj.dtype, device=str(obj.device))
+    return info
 
 
 def encode(value: Any, depth: int = 0) -> Any:
@@ -167,6 +171,8 @@ _OPS = {
     "function": lambda target, args, kwargs: target(*args, **kwargs),   # target: a torch function
     "value": lambda target, args, kwargs: target,
     "bases": lambda target, args, kwargs: _importable_bases(target),
+    "items": lambda target, args, kwargs: list(itertools.islice(iter(target), 1_000_000)),
+    "detach": lambda target, args, kwargs: target.detach(),
     "release": lambda target, args, kwargs: [d.clear() for d in (_OBJECTS, _NUMBERS, _MIRRORS, _TWINS, _TWIN_PARTS)],
 }
 

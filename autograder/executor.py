@@ -15,6 +15,7 @@
 
 from __future__ import annotations
 
+import os
 import signal
 import time
 import traceback
@@ -39,6 +40,33 @@ OUTPUT_LIMIT = "OutputLimitExceeded"
 def error_output(ename: str, evalue: str, traceback_text: str | None = None) -> NotebookNode:
     return from_dict({"output_type": "error", "ename": ename, "evalue": evalue,
                       "traceback": [traceback_text or f"{ename}: {evalue}"]})
+
+
+def kernel_processes(root_pid: int) -> list[int]:
+    """Host PIDs of the ipykernel processes below ``root_pid`` (bubblewrap's process)."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat", "rb") as f:
+                    ppid = int(f.read().rsplit(b")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+            children.setdefault(ppid, []).append(int(entry))
+    found, todo = [], [root_pid]
+    while todo:
+        pid = todo.pop()
+        for child in children.get(pid, []):
+            todo.append(child)
+            try:
+                with open(f"/proc/{child}/cmdline", "rb") as f:
+                    argv = f.read().split(b"\0")
+                # python -m ipykernel_launcher: not the wrappers whose arguments name it
+                if argv[1:3] == [b"-m", b"ipykernel_launcher"]:
+                    found.append(child)
+            except OSError:
+                pass
+    return found
 
 
 class SandboxedKernelManager(AsyncKernelManager):
@@ -71,12 +99,16 @@ class SandboxedKernelManager(AsyncKernelManager):
         return await super()._async_launch_kernel(kernel_cmd, **kw)
 
     async def _async_interrupt_kernel(self) -> None:
-        # A signal cannot cross into the sandbox's PID namespace; ipykernel takes the
-        # interrupt as a message on its control channel.
-        if self.has_kernel:
-            msg = self.session.msg("interrupt_request", content={})
-            self._connect_control_socket()
-            self.session.send(self._control_socket, msg)
+        # The process we started is bubblewrap; the kernel runs further down, in its own PID
+        # namespace. From outside, it still has a PID of ours: signal that process.
+        if self.sandbox is not None and self.has_kernel:
+            for pid in kernel_processes(self.provisioner.process.pid):
+                try:
+                    os.kill(pid, signal.SIGINT)
+                except OSError:
+                    pass
+            return
+        await super()._async_interrupt_kernel()
 
 
 class CourseExecute(Execute):
@@ -158,6 +190,17 @@ class CourseExecute(Execute):
             return cell, resources
         finally:
             self.timeout = default
+
+    async def _async_handle_timeout(self, timeout, cell=None):
+        # A sandboxed kernel does not reliably stop on an interrupt (seen with ipykernel 7
+        # under bubblewrap: the signal arrives, the cell runs on), so it is stopped: the
+        # cells before keep their points, the later ones are not run.
+        if self._sandbox is not None and self.km is not None and self.km.has_kernel:
+            self.km.provisioner.process.kill()
+            if cell is not None:
+                cell.outputs.append(error_output(TIMED_OUT, f"ran past its time limit of {timeout} s"))
+            raise DeadKernelError(f"stopped at its time limit of {timeout} s")
+        return await super()._async_handle_timeout(timeout, cell)
 
     def _kernel_died(self, cell, index, detail: str) -> None:
         grade_id = contract.grade_id(cell) or f"cell {index}"

@@ -191,7 +191,9 @@ class Sandbox:
                 cmd += ["--dev-bind", dev, dev]
         for key, value in self.environment().items():
             cmd += ["--setenv", key, value]
-        return cmd + ["--"] + _drop_to_nobody()
+        # Its own process group: ipykernel interrupts a running cell by signalling its group
+        # (the sandbox's first process belongs to root, out of the kernel's reach).
+        return cmd + ["--"] + _drop_to_nobody() + [shutil.which("setsid") or "/usr/bin/setsid"]
 
     def environment(self) -> dict[str, str]:
         """The kernel's whole environment: nothing of the grader's leaks in."""

@@ -1,7 +1,8 @@
 """The one executor: runs a course notebook in a kernel, for grading and for self-check.
 
-- Each cell gets the time limit the contract gives it (:mod:`autograder.contract`); a cell
-  that runs past it is stopped and the next cell runs.
+- Each cell gets the time limit the contract gives it (:mod:`autograder.contract`). A cell
+  that runs past it is interrupted (self-check) or, in a sandbox, its kernel is stopped:
+  the cells before keep their points, the later ones are marked "not run".
 - A kernel that dies (killed for memory, ``os._exit``, a segfault) does not lose the
   notebook: the cell that was running gets an error, every later code cell a "not run"
   error, and the points earned before are kept.

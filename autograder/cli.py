@@ -32,6 +32,17 @@ def main(argv: list[str] | None = None) -> int:
                             "with your rights); every row is noted")
     grade.add_argument("--memory", type=float, metavar="GIB",
                        help=f"memory limit of each submission's kernel (default: ${MEMORY_ENV} or 4)")
+    from .workers import cores, default_workers
+
+    grade.add_argument("--workers", type=int, metavar="N",
+                       help=f"grade N submissions at once, each in its own sandbox and kernel, with the CPU "
+                            f"cores shared out between them (default: one per core, fewer when N kernels' "
+                            f"--memory would not fit; here {default_workers(4.0)} of {cores()} cores at 4 GiB)")
+    grade.add_argument("--force", action="store_true",
+                       help="grade everything again (by default a second run on the same --out regrades only "
+                            "submissions whose notebooks, the course or the settings changed)")
+    grade.add_argument("--student", metavar="NAME",
+                       help="grade this student's submissions again and keep every other row of the last run")
     grade.add_argument("--seed", type=int,
                        help="seed of the hidden tests' inputs (default: drawn once per --out and kept in "
                             "OUT/nbgrader/grading-seed); the same seed reproduces a grade")
@@ -59,9 +70,16 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "grade":
             from .grade import grade_folder
 
+            from .workers import default_workers
+
             root = repo_root(args.root)
-            rows = grade_folder(args.submissions, args.out, root / "solutions", _settings(args),
-                                show_progress=not args.no_progress)
+            settings = _settings(args)
+            workers = args.workers if args.workers is not None else default_workers(settings.memory_gb)
+            if workers < 1:
+                raise ValueError(f"--workers must be at least 1, not {workers}")
+            rows = grade_folder(args.submissions, args.out, root / "solutions", settings,
+                                show_progress=not args.no_progress, workers=workers, force=args.force,
+                                student=args.student)
             total = sum(r.score for r in rows)
             print(f"graded {len(rows)} submission(s), {total:g} points in all; "
                   f"wrote {args.out / 'grades.csv'} and {args.out / 'feedback'}/")

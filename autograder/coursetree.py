@@ -22,7 +22,7 @@ from traitlets.config import Config
 from . import contract
 from .executor import CourseExecute
 from .preprocessors import HideHiddenTests, StderrIsNotFailure
-from .sandbox import Limits, Sandbox, SandboxUnavailable, available, explain_unavailable
+from .sandbox import Limits, Sandbox, SandboxUnavailable, available, explain_unavailable, sandbox_uid
 from .settings import COURSE_ID, GradingSettings
 
 # nbgrader's gradebook code trips SQLAlchemy 2 autoflush warnings that say nothing to a user.
@@ -53,13 +53,27 @@ def nbgrader_config(root: Path, settings: GradingSettings) -> Config:
     return c
 
 
-class CourseTree:
-    """One nbgrader course folder at ``root``, with the assignments of ``solutions_dir``."""
+def thread_environment(threads: int | None) -> dict[str, str]:
+    """Environment variables that cap a kernel's (or the judge's) CPU threads; none for the
+    library defaults (one per core)."""
+    if not threads:
+        return {}
+    return {name: str(threads) for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")}
 
-    def __init__(self, root: Path, solutions_dir: Path, settings: GradingSettings):
+
+class CourseTree:
+    """One nbgrader course folder at ``root``, with the assignments of ``solutions_dir``.
+
+    ``worker`` (a parallel worker's number) and ``threads`` (CPU threads per kernel) are set
+    by :mod:`autograder.workers`; a single grader leaves both None.
+    """
+
+    def __init__(self, root: Path, solutions_dir: Path, settings: GradingSettings,
+                 worker: int | None = None, threads: int | None = None):
         self.root = Path(root)
         self.solutions_dir = Path(solutions_dir)
         self.settings = settings
+        self.worker, self.threads = worker, threads
         settings.apply_to_environment()
         if not settings.unsandboxed and not available():
             raise SandboxUnavailable(
@@ -98,7 +112,8 @@ class CourseTree:
         limits = Limits(memory_bytes=int(self.settings.memory_gb * (1 << 30)))
         return Sandbox(Path(tempfile.mkdtemp(prefix="course-sandbox-")), Path(course.__file__).parent, limits,
                        gpu=self.settings.device.startswith("cuda") or self.settings.device == "auto",
-                       env=self.settings.kernel_environment())
+                       env={**self.settings.kernel_environment(), **thread_environment(self.threads)},
+                       uid=sandbox_uid(self.worker))
 
     @property
     def db_url(self) -> str:
@@ -125,7 +140,21 @@ class CourseTree:
         self._check(self.api.generate_assignment(assignment, force=True, create=True),
                     f"generate_assignment {assignment}")
         self._register_time_limits(assignment)
+        self._share_gradebook()
         return self.root / "release" / assignment
+
+    def attach(self, assignment: str) -> None:
+        """Grade an assignment that another process generated in this tree (a worker)."""
+        self._register_time_limits(assignment)
+
+    def _share_gradebook(self) -> None:
+        """Write-ahead logging: parallel workers read the gradebook while one of them writes."""
+        import sqlite3
+
+        path = self.root / "gradebook.db"
+        if path.exists():
+            with sqlite3.connect(path) as db:
+                db.execute("PRAGMA journal_mode=WAL")
 
     def _register_time_limits(self, assignment: str) -> None:
         """Per-cell limits come from the released notebook, which students cannot change."""

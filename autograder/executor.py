@@ -85,9 +85,8 @@ class SandboxedKernelManager(AsyncKernelManager):
         if self.sandbox is not None:
             import os
 
-            from .sandbox import NOBODY
             if os.geteuid() == 0:
-                os.chown(self.connection_file, NOBODY, NOBODY)
+                os.chown(self.connection_file, self.sandbox.uid, self.sandbox.uid)
         return result
 
     async def _async_launch_kernel(self, kernel_cmd, **kw):

@@ -57,7 +57,7 @@ from tqdm.auto import tqdm
 
 from . import contract
 from .coursetree import CourseTree
-from .runlog import CSV_COLUMNS, OutputLocked, RunLog, fingerprint, write_atomic  # noqa: F401 (re-exported)
+from .runlog import CSV_COLUMNS, OutputLocked, RunLog, code_fingerprint, fingerprint, write_atomic  # noqa: F401
 from .settings import GradingSettings
 from .submission import inspect_submission, normalize_cells, restore_deleted_cells
 from .tamper import REVIEW, scan_file
@@ -212,10 +212,14 @@ def internal_id(student: str) -> str:
 class Grader:
     """Grades submissions into ``out``: ``gradebook.db``, ``grades.csv``, ``feedback/``."""
 
-    def __init__(self, solutions_dir: Path, out: Path, settings: GradingSettings):
+    def __init__(self, solutions_dir: Path, out: Path, settings: GradingSettings, workers: int = 1,
+                 force: bool = False, student: str | None = None):
         self.out = Path(out)
         self.solutions_dir = Path(solutions_dir)
         self.settings = settings
+        self.workers = max(1, int(workers))
+        self.force = force              # regrade everything, changed or not
+        self.only_student = student     # regrade this student's submissions, keep the other rows
         self.course_root = self.out / "nbgrader"
         self.tree: CourseTree | None = None
         self.assignments = sorted(p.name for p in self.solutions_dir.iterdir()
@@ -225,10 +229,15 @@ class Grader:
 
     # ------------------------------------------------------------------ setting up
     def _identity(self, submissions: Path) -> dict:
-        """What a resumed run must share with the run it continues."""
+        """What a later run must share with this one to keep its rows (the submissions folder
+        is recorded for reading, not compared: each row has its own digest)."""
+        import autograder
+        import course
+
         settings = json.loads(json.dumps(dataclasses.asdict(self.settings), default=str))
+        code = code_fingerprint([Path(course.__file__).parent, Path(autograder.__file__).parent])
         return {"submissions": str(Path(submissions).resolve()), "solutions": fingerprint(self.solutions_dir),
-                "settings": settings}
+                "code": code, "settings": settings}
 
     def _preflight(self) -> None:
         """Build a throwaway course tree, so that what stops grading (no sandbox, ...) stops it
@@ -242,6 +251,12 @@ class Grader:
         for name in ("nbgrader", "feedback"):
             if (self.out / name).exists():
                 shutil.rmtree(self.out / name)
+
+    def attach_tree(self, assignments: list[str], worker: int | None = None, threads: int | None = None) -> None:
+        """Open the course tree that the main process generated (in a parallel worker)."""
+        self.tree = CourseTree(self.course_root, self.solutions_dir, self.settings, worker=worker, threads=threads)
+        for assignment in assignments:
+            self.tree.attach(assignment)
 
     def _open_tree(self, assignments: list[str]) -> None:
         """The nbgrader course tree, with the assignments this run grades generated (anew)."""
@@ -295,38 +310,98 @@ class Grader:
             raise FileNotFoundError(
                 f"No submissions under {submissions}: expected <student>/<assignment>/<notebook>.ipynb "
                 f"with assignments {', '.join(self.assignments)}" + (f" (found {found})" if found else ""))
+        digests = {f.key: submission_digest(f) for f in todo}
         identity = self._identity(submissions)
-        kept = log.previous_rows(identity)
+        previous = None if self.force else log.previous(identity)
+        kept, pending = self._plan(todo, digests, previous, log)
         self._preflight()
-        if kept is None:
+        if previous is None:
             self._start_fresh()
-        kept = kept or {}
-        pending = [f for f in todo if f.key not in kept]
+        self._drop_stale_feedback(previous, kept, digests)
         self._open_tree(sorted({f.assignment for f in pending if f.assignment in self.assignments}))
-        log.start(identity, kept)
-        if kept:
-            tqdm.write(f"resuming the unfinished run in {self.out}: {len(kept)} row(s) kept, "
-                       f"{sum(f.key not in kept for f in todo)} to grade")
+        log.start(identity, kept, previous.digests if previous else {})
         rows = [GradeRow.from_csv(r) for r in kept.values()]
-        bar = tqdm(pending, desc="grading", unit="submission", disable=not show_progress)
+        bar = tqdm(total=len(pending), desc="grading", unit="submission", disable=not show_progress)
         tqdm.write(f"{'student':<24} {'assignment':<22} {'score':>7} {'max':>5}  status")
-        for found in bar:
+        for found, row in self._graded(pending):
+            bar.update(1)
             bar.set_postfix_str(f"{found.student}/{found.assignment}")
-            try:
-                row = self.report(found) if found.status else self.grade_one(found.student, found.assignment,
-                                                                              found.folder)
-            except Exception as err:  # one submission must never stop the others
-                traceback.print_exc()
-                row = GradeRow(found.student, found.assignment, 0.0, self._safe_max(found.assignment),
-                               status="broken", notes=[f"the grader failed on this submission: "
-                                                       f"{type(err).__name__}: {str(err)[:300]}"])
-            log.append(row.csv_row())
+            log.append(row.csv_row(), digests[found.key])
             rows.append(row)
             tqdm.write(_printable(f"{found.student:<24} {found.assignment:<22} {row.score:>7g} {row.max_score:>5g}  "
                                   f"{row.status}" + (f"  ({'; '.join(row.notes)})" if row.notes else "")))
+        bar.close()
         rows.sort(key=lambda r: (r.student, r.assignment))
         log.finish([r.csv_row() for r in rows])
         return rows
+
+    def _plan(self, todo: list[Found], digests: dict, previous, log: RunLog) -> tuple[dict, list[Found]]:
+        """The rows kept from the last run, and the entries to grade now (with a line saying so)."""
+        if self.only_student is not None:
+            mine = [f for f in todo if f.student == self.only_student]
+            if not mine:
+                names = sorted({f.student for f in todo})
+                close = difflib.get_close_matches(self.only_student, names, n=1)
+                raise ValueError(f"no student {self.only_student!r} under the submissions folder"
+                                 + (f"; did you mean {close[0]!r}?" if close else ""))
+            if previous is None and (self.out / "grades.csv").exists() and not self.force:
+                raise ValueError(f"--student keeps the other rows of the last run in {self.out}, but "
+                                 f"{log.fresh_reason or 'that run cannot be read'}: grade everyone again "
+                                 f"(without --student)")
+            kept = {k: r for k, r in (previous.rows if previous else {}).items() if k[0] != self.only_student}
+            tqdm.write(f"regrading {self.only_student}: {len(mine)} submission(s); {len(kept)} other row(s) kept")
+            return kept, mine
+        if previous is None:
+            if log.fresh_reason:
+                tqdm.write(f"{log.fresh_reason}: grading everything in {self.out} again")
+            return {}, todo
+        kept = previous.unchanged(digests)
+        pending = [f for f in todo if f.key not in kept]
+        if kept and not previous.finished:
+            tqdm.write(f"resuming the unfinished run in {self.out}: {len(kept)} row(s) kept, {len(pending)} to grade")
+        elif kept:
+            tqdm.write(f"{len(kept)} row(s) unchanged since the last run in {self.out}, {len(pending)} to grade "
+                       f"(--force grades everything again)")
+        return kept, pending
+
+    def _drop_stale_feedback(self, previous, kept: dict, digests: dict) -> None:
+        """Feedback of rows the last run had and this one drops (the submission is gone)."""
+        if previous is None or self.only_student is not None:
+            return
+        for student, assignment in set(previous.rows) - set(kept) - set(digests):
+            folder = self.out / "feedback" / student / assignment if assignment else None
+            if folder is not None and folder.is_dir() and not folder.is_symlink():
+                shutil.rmtree(folder)
+
+    def _graded(self, pending: list[Found]):
+        """``(found, row)`` for each pending entry, in one process or in ``workers``."""
+        to_grade = [f for f in pending if not f.status]
+        if self.workers > 1 and len(to_grade) > 1:
+            from .workers import grade_in_parallel
+
+            for found in pending:
+                if found.status:
+                    yield found, self.grade_entry(found)
+            tasks = [(f, self.student_id(f.student)) for f in to_grade]
+            with Gradebook(self.tree.db_url) as gb:   # once, here: workers creating one student race
+                for sid in sorted({sid for _, sid in tasks}):
+                    gb.update_or_create_student(sid)
+            yield from grade_in_parallel(self, tasks, self.workers)
+            return
+        for found in pending:
+            yield found, self.grade_entry(found)
+
+    def grade_entry(self, found: Found, sid: str | None = None) -> GradeRow:
+        """The row of one entry; a failure of the grader itself makes a ``broken`` row."""
+        try:
+            if found.status:
+                return self.report(found)
+            return self.grade_one(found.student, found.assignment, found.folder, sid)
+        except Exception as err:  # one submission must never stop the others
+            traceback.print_exc()
+            return GradeRow(found.student, found.assignment, 0.0, self._safe_max(found.assignment),
+                            status="broken", notes=[f"the grader failed on this submission: "
+                                                    f"{type(err).__name__}: {str(err)[:300]}"])
 
     def report(self, found: Found) -> GradeRow:
         """The row of an entry that is not graded (skipped or refused), with a feedback page."""
@@ -336,8 +411,8 @@ class Grader:
             self._write_plain_feedback(row)
         return row
 
-    def grade_one(self, student: str, assignment: str, folder: Path) -> GradeRow:
-        sid = self.student_id(student)
+    def grade_one(self, student: str, assignment: str, folder: Path, sid: str | None = None) -> GradeRow:
+        sid = sid or self.student_id(student)
         row = GradeRow(student, assignment, 0.0, self.max_score(assignment))
         if getattr(self.settings, "unsandboxed", False):
             row.notes.append("graded without the sandbox (--unsandboxed)")
@@ -380,6 +455,10 @@ class Grader:
             return row
 
         result = self.tree.api.autograde(assignment, sid, force=True, create=True)
+        for _ in range(3):   # parallel workers: SQLite may still be busy after its own wait
+            if result.get("success") or "database is locked" not in nbgrader_error(result):
+                break
+            result = self.tree.api.autograde(assignment, sid, force=True, create=True)
         if not result.get("success"):
             row.status = "broken"
             row.notes.append("nbgrader could not grade it: " + nbgrader_error(result))
@@ -459,6 +538,24 @@ class Grader:
         row.feedback.append(page)
 
 
+def submission_digest(found: Found) -> str:
+    """What a row graded: the submission's notebooks (bytes, or what kind of entry each
+    is), or why it was not graded. Equal digests, equal rows (for the same course)."""
+    digest = hashlib.sha256(f"{found.status}\0{found.reason}\0".encode("utf-8", "surrogateescape"))
+    if found.folder is not None:
+        for path in sorted(Path(found.folder).iterdir(), key=lambda p: p.name):
+            if path.suffix != ".ipynb":
+                continue
+            digest.update(path.name.encode("utf-8", "surrogateescape") + b"\0")
+            if path.is_symlink():
+                digest.update(b"link:" + os.readlink(path).encode("utf-8", "surrogateescape"))
+            elif path.is_file():
+                digest.update(hashlib.sha256(path.read_bytes()).digest())
+            else:
+                digest.update(b"not a file")
+    return digest.hexdigest()
+
+
 def _printable(text: str) -> str:
     """``text`` that any terminal encoding accepts (a folder name may hold undecodable bytes)."""
     return text.encode("utf-8", "backslashreplace").decode("utf-8")
@@ -520,10 +617,14 @@ def _insert_notes(page: Path, notes: list[str]) -> None:
 
 
 def grade_folder(submissions: Path, out: Path, solutions_dir: Path, settings: GradingSettings,
-                 show_progress: bool = True) -> list[GradeRow]:
+                 show_progress: bool = True, workers: int = 1, force: bool = False,
+                 student: str | None = None) -> list[GradeRow]:
     """Grade every submission under ``submissions``; write ``out/grades.csv`` and feedback.
 
+    ``workers`` submissions are graded at once (:mod:`autograder.workers`). A second run on
+    the same ``out`` regrades only what changed (:mod:`autograder.runlog`); ``force``
+    regrades everything, ``student`` only that student's submissions.
     Raises :class:`OutputLocked` (a ``ValueError``) at once when another run holds ``out``.
     """
-    grader = Grader(solutions_dir, out, settings)
+    grader = Grader(solutions_dir, out, settings, workers=workers, force=force, student=student)
     return grader.grade_all(submissions, show_progress=show_progress)

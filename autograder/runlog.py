@@ -3,16 +3,19 @@
 Files in ``--out`` (besides ``feedback/`` and ``nbgrader/``)::
 
     .grading.lock       locked (flock) while a run works here; holds that run's pid
-    .grading-run.json   what the run grades: submissions folder, solutions fingerprint, settings
+    .grading-run.json   what the run grades with: fingerprints of solutions/ and of the
+                        grader's code, and the settings (the submissions folder, for reading)
     grades.csv          the header at once, then each row as its submission finishes (flushed
                         and fsync'd), so a killed run loses at most the row it was working on;
                         rewritten sorted by (student, assignment) when the run finishes
+    .grading-rows.jsonl after each row, a digest of what that row graded (the submission's
+                        notebooks, or why it was not graded)
     .grading-done.json  written last: the run finished and grades.csv is complete
 
-A run on an ``--out`` that holds an unfinished run of the same submissions, solutions and
-settings resumes it: the rows already in ``grades.csv`` are kept, the rest are graded. An
-``--out`` that holds a finished run, nothing, or output without ``.grading-run.json`` starts
-fresh. An unfinished run of something else is an error: nothing is deleted or mixed.
+A run on an ``--out`` whose last run (finished or not) graded with the same solutions, code
+and settings keeps every row whose submission is unchanged (same digest) and grades the
+rest: a killed run resumes, and a second run regrades only what changed. Anything else (a
+changed course or setting, ``--force``, no earlier run) starts fresh.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ STATUSES = ("graded", "broken", "refused", "skipped")
 LOCK_FILE = ".grading.lock"
 RUN_FILE = ".grading-run.json"
 DONE_FILE = ".grading-done.json"
+DIGEST_FILE = ".grading-rows.jsonl"
 CSV_FILE = "grades.csv"
 
 
@@ -46,6 +50,23 @@ def fingerprint(folder: Path) -> str:
         if ".ipynb_checkpoints" in path.parts:
             continue
         digest.update(str(path.relative_to(folder)).encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()
+
+
+def code_fingerprint(folders: list[Path]) -> str:
+    """sha256 of the Python files under ``folders`` and of the versions of the libraries that
+    run the grading: what, besides the solutions and the settings, can change a score."""
+    from importlib import metadata
+
+    digest = hashlib.sha256()
+    for folder in folders:
+        for path in sorted(Path(folder).rglob("*.py")):
+            digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
+    for package in ("torch", "nbgrader", "nbclient", "ipykernel"):
+        try:
+            digest.update(f"{package}=={metadata.version(package)}".encode())
+        except metadata.PackageNotFoundError:
+            pass
     return digest.hexdigest()
 
 
@@ -92,6 +113,18 @@ def _valid(row: dict) -> bool:
     return True
 
 
+class Previous:
+    """What an earlier run on the same ``--out`` left: its rows and their digests."""
+
+    def __init__(self, rows: dict[tuple[str, str], dict], digests: dict[tuple[str, str], str], finished: bool):
+        self.rows, self.digests, self.finished = rows, digests, finished
+
+    def unchanged(self, digests: dict[tuple[str, str], str]) -> dict[tuple[str, str], dict]:
+        """The rows whose submission has the same digest now."""
+        return {key: row for key, row in self.rows.items()
+                if key in digests and self.digests.get(key) == digests[key]}
+
+
 class RunLog:
     """Lock, resume decision and the row-by-row ``grades.csv`` of one ``--out``."""
 
@@ -101,6 +134,8 @@ class RunLog:
         self._lock = None
         self._csv = None
         self._writer = None
+        self._digest_file = None
+        self.fresh_reason = ""      # why previous() found nothing to keep
 
     # ------------------------------------------------------------------ the lock
     def acquire(self) -> None:
@@ -133,46 +168,73 @@ class RunLog:
             self._lock = None
 
     # ------------------------------------------------------------------ resume or start fresh
-    def previous_rows(self, identity: dict) -> dict[tuple[str, str], dict] | None:
-        """Rows of an unfinished run of the same ``identity`` to keep; None to start fresh."""
-        run_file, done_file = self.out / RUN_FILE, self.out / DONE_FILE
-        if done_file.exists() or not self.csv_path.exists() or not run_file.exists():
+    def previous(self, identity: dict) -> Previous | None:
+        """The earlier run's rows when it graded with the same ``identity``; None otherwise
+        (then :meth:`why_fresh` says why)."""
+        self.fresh_reason = ""
+        run_file = self.out / RUN_FILE
+        if not self.csv_path.exists() or not run_file.exists():
             return None
         try:
             previous = json.loads(run_file.read_text(encoding="utf-8"))
         except (OSError, ValueError):
             return None
-        if previous != identity:
-            differs = ", ".join(k for k in sorted(set(previous) | set(identity)) if previous.get(k) != identity.get(k))
-            raise ValueError(
-                f"{self.out} holds an unfinished grading run of other inputs ({differs} differ); rerun it with "
-                f"the same submissions, solutions and settings to finish it, or pass another --out "
-                f"(or delete {self.out})")
-        kept: dict[tuple[str, str], dict] = {}
+        differs = [k for k in sorted(set(previous) | set(identity)) if k != "submissions"
+                   and previous.get(k) != identity.get(k)]
+        if differs:
+            self.fresh_reason = f"{', '.join(differs)} changed since the last run"
+            return None
+        rows: dict[tuple[str, str], dict] = {}
         with open(self.csv_path, newline="", encoding="utf-8", errors="replace") as f:
             for row in csv.DictReader(f):
                 if _valid(row):       # a row cut short by a kill is graded again
-                    kept[(row["student"], row["assignment"])] = {c: row[c] for c in CSV_COLUMNS}
-        return kept
+                    rows[(row["student"], row["assignment"])] = {c: row[c] for c in CSV_COLUMNS}
+        return Previous(rows, self._digests(), (self.out / DONE_FILE).exists())
 
-    def start(self, identity: dict, kept: dict[tuple[str, str], dict] | None) -> None:
+    def _digests(self) -> dict[tuple[str, str], str]:
+        digests = {}
+        try:
+            lines = (self.out / DIGEST_FILE).read_text(encoding="utf-8", errors="replace").splitlines()
+        except OSError:
+            return digests
+        for line in lines:
+            try:
+                student, assignment, digest = json.loads(line)
+            except (ValueError, TypeError):
+                continue      # a line cut short by a kill: that row is graded again
+            digests[(student, assignment)] = digest
+        return digests
+
+    def start(self, identity: dict, kept: dict[tuple[str, str], dict] | None,
+              digests: dict[tuple[str, str], str] | None = None) -> None:
         """Begin (or continue) the run: identity, the CSV with its header and kept rows."""
+        kept, digests = kept or {}, digests or {}
         (self.out / DONE_FILE).unlink(missing_ok=True)
         write_atomic(self.out / RUN_FILE, json.dumps(identity, indent=1, sort_keys=True) + "\n")
-        write_atomic(self.csv_path, csv_text(list((kept or {}).values())))
+        write_atomic(self.csv_path, csv_text(list(kept.values())))
+        write_atomic(self.out / DIGEST_FILE, "".join(json.dumps([*key, digests[key]]) + "\n"
+                                                     for key in kept if key in digests))
         self._csv = open(self.csv_path, "a", newline="", encoding="utf-8", errors="backslashreplace")
         self._writer = csv.DictWriter(self._csv, fieldnames=CSV_COLUMNS, lineterminator="\r\n")
+        self._digest_file = open(self.out / DIGEST_FILE, "a", encoding="utf-8", errors="backslashreplace")
 
-    def append(self, row: dict) -> None:
-        """One finished row, on disk before this returns."""
+    def append(self, row: dict, digest: str | None = None) -> None:
+        """One finished row (and the digest of what it graded), on disk before this returns."""
         self._writer.writerow(row)
         self._csv.flush()
         os.fsync(self._csv.fileno())
+        if digest is not None:
+            self._digest_file.write(json.dumps([row["student"], row["assignment"], digest]) + "\n")
+            self._digest_file.flush()
+            os.fsync(self._digest_file.fileno())
 
     def close_csv(self) -> None:
         if self._csv is not None:
             self._csv.close()
             self._csv = self._writer = None
+        if self._digest_file is not None:
+            self._digest_file.close()
+            self._digest_file = None
 
     def finish(self, rows: list[dict]) -> None:
         """The complete CSV, sorted by (student, assignment), then the mark of a finished run."""

@@ -31,6 +31,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 NOBODY = 65534
+# Parallel workers run their kernels under distinct unprivileged ids (as root), so that one
+# sandbox's processes never count against another's RLIMIT_NPROC.
+WORKER_UIDS = 61000
 SANDBOX_HOME = "/home/student"
 SANDBOX_WORK = "/home/student/work"
 
@@ -77,11 +80,17 @@ def explain_unavailable() -> str:
             "`sysctl kernel.unprivileged_userns_clone=1` or run the grader as root")
 
 
-def _drop_to_nobody() -> list[str]:
-    """As root, the kernel drops to ``nobody`` inside the sandbox (bubblewrap needs root to
-    read the host paths it binds; process limits do not apply to root)."""
+def sandbox_uid(worker: int | None) -> int:
+    """The id a kernel runs under as root: ``nobody`` for a single grader, else one id per
+    worker (no file on the host belongs to these ids)."""
+    return NOBODY if worker is None else WORKER_UIDS + worker
+
+
+def _drop_to_nobody(uid: int = NOBODY) -> list[str]:
+    """As root, the kernel drops to an unprivileged id inside the sandbox (bubblewrap needs
+    root to read the host paths it binds; process limits do not apply to root)."""
     if os.geteuid() == 0:
-        return [shutil.which("setpriv") or "/usr/bin/setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}",
+        return [shutil.which("setpriv") or "/usr/bin/setpriv", f"--reuid={uid}", f"--regid={uid}",
                 "--clear-groups", "--bounding-set=-all", "--inh-caps=-all"]
     return []
 
@@ -138,6 +147,7 @@ class Sandbox:
     limits: Limits = field(default_factory=Limits)
     gpu: bool = False
     env: dict[str, str] = field(default_factory=dict)
+    uid: int = NOBODY                    # as root: the id the kernel runs under
 
     def __post_init__(self) -> None:
         self.root = Path(self.root).resolve()
@@ -145,7 +155,7 @@ class Sandbox:
             (self.root / name).mkdir(parents=True, exist_ok=True)
         if os.geteuid() == 0:  # the kernel runs as nobody: let it write its own folders
             for name in ("home", "home/work", "tmp", "io", "sockets"):
-                os.chown(self.root / name, NOBODY, NOBODY)
+                os.chown(self.root / name, self.uid, self.uid)
             os.chmod(self.root, 0o755)
 
     @property
@@ -193,7 +203,7 @@ class Sandbox:
             cmd += ["--setenv", key, value]
         # Its own process group: ipykernel interrupts a running cell by signalling its group
         # (the sandbox's first process belongs to root, out of the kernel's reach).
-        return cmd + ["--"] + _drop_to_nobody() + [shutil.which("setsid") or "/usr/bin/setsid"]
+        return cmd + ["--"] + _drop_to_nobody(self.uid) + [shutil.which("setsid") or "/usr/bin/setsid"]
 
     def environment(self) -> dict[str, str]:
         """The kernel's whole environment: nothing of the grader's leaks in."""

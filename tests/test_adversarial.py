@@ -127,7 +127,7 @@ def graded(tmp_path_factory):
     names = _submissions(root, out)
     env = {**os.environ, "COURSE_GRADER_SECRET": SECRET}
     done = subprocess.run([sys.executable, "-m", "autograder", "grade", str(root), "--out", str(out),
-                           "--timeout", "20", "--profile", "smoke", "--no-progress"],
+                           "--timeout", "20", "--profile", "smoke", "--no-progress", "--workers", "2"],
                           cwd=ROOT, capture_output=True, text=True, timeout=1800, env=env)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     with open(out / "grades.csv", newline="") as f:

@@ -21,10 +21,11 @@ NOTEBOOK = f"{ASSIGNMENT}.ipynb"
 CELL_TIMEOUT = 20
 
 
-def grade(submissions: Path, out: Path) -> dict[tuple[str, str], dict]:
+def grade(submissions: Path, out: Path, workers: int = 2) -> dict[tuple[str, str], dict]:
     """Run the grading CLI; return grades.csv rows keyed by (student, assignment)."""
     done = subprocess.run([sys.executable, "-m", "autograder", "grade", str(submissions), "--out", str(out),
-                           "--timeout", str(CELL_TIMEOUT), "--profile", "smoke", "--no-progress"],
+                           "--timeout", str(CELL_TIMEOUT), "--profile", "smoke", "--no-progress",
+                           "--workers", str(workers)],
                           cwd=ROOT, capture_output=True, text=True, timeout=1800)
     assert done.returncode == 0, done.stdout + done.stderr
     with open(out / "grades.csv", newline="") as f:
@@ -52,10 +53,27 @@ def cell_scores(out: Path, student: str, assignment: str = ASSIGNMENT) -> dict[s
 # ------------------------------------------------------------------ the reference trees
 
 @pytest.fixture(scope="module")
-def reference_grades(tmp_path_factory):
+def graded_all(tmp_path_factory):
+    """One grading run (two workers) over everything this module checks: the solutions and
+    the untouched exercises as two students, one mistake per assignment, and the bad
+    submissions."""
+    import shutil
+
+    root = tmp_path_factory.mktemp("submissions")
+    for tree in ("solutions", "exercises"):
+        shutil.copytree(ROOT / tree, root / tree, ignore=shutil.ignore_patterns(".ipynb_checkpoints", "__pycache__"))
+    for assignment, mistake in ALL_MISTAKES:
+        nb = student_notebook(assignment, mistake.apply(solution_answers(assignment)))
+        write_notebook(nb, root / _student(assignment, mistake) / assignment / f"{assignment}.ipynb")
+    _bad_submissions(root, solution_answers(ASSIGNMENT))
     out = tmp_path_factory.mktemp("graded")
-    return {"solutions": (grade(ROOT / "solutions", out / "solutions"), out / "solutions"),
-            "exercises": (grade(ROOT / "exercises", out / "exercises"), out / "exercises")}
+    return grade(root, out), out
+
+
+@pytest.fixture(scope="module")
+def reference_grades(graded_all):
+    rows, out = graded_all
+    return {"solutions": (rows, out), "exercises": (rows, out)}
 
 
 @pytest.mark.parametrize("assignment", assignments())
@@ -128,15 +146,8 @@ def _student(assignment: str, mistake) -> str:
 
 
 @pytest.fixture(scope="module")
-def batch(tmp_path_factory):
-    """One grading run over every mistake and every bad submission."""
-    root = tmp_path_factory.mktemp("submissions")
-    for assignment, mistake in ALL_MISTAKES:
-        nb = student_notebook(assignment, mistake.apply(solution_answers(assignment)))
-        write_notebook(nb, root / _student(assignment, mistake) / assignment / f"{assignment}.ipynb")
-    _bad_submissions(root, solution_answers(ASSIGNMENT))
-    out = tmp_path_factory.mktemp("batch-out")
-    return grade(root, out), out
+def batch(graded_all):
+    return graded_all
 
 
 @pytest.mark.parametrize("assignment,mistake", ALL_MISTAKES, ids=[f"{a}-{m.name}" for a, m in ALL_MISTAKES])
@@ -163,7 +174,7 @@ def test_corrupt_notebook_scores_zero_with_reason_and_others_still_graded(batch)
     assert float(row["score"]) == 0 and row["status"] == "broken"
     assert "not valid JSON" in row["notes"]
     assert "not valid JSON" in feedback_html(out, "corrupt_json")
-    assert len(rows) == len(ALL_MISTAKES) + 7
+    assert len(rows) == len(ALL_MISTAKES) + 7 + 2 * len(assignments())
 
 
 def test_infinite_loop_is_stopped_and_earlier_exercises_keep_their_points(batch):

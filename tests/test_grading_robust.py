@@ -27,8 +27,9 @@ FULL = 22.0        # ch01's max score; checked against max_score in the rows
 
 
 def command(submissions: Path, out: Path) -> list[str]:
+    """One worker: these tests kill the grader after its first row, so the order matters."""
     return [sys.executable, "-m", "autograder", "grade", str(submissions), "--out", str(out),
-            "--timeout", "20", "--profile", "smoke", "--no-progress"]
+            "--timeout", "20", "--profile", "smoke", "--no-progress", "--workers", "1"]
 
 
 def start(submissions: Path, out: Path) -> subprocess.Popen:
@@ -117,24 +118,29 @@ def test_rows_are_on_disk_as_they_finish_and_sorted_at_the_end(tmp_path):
 
     log = RunLog(tmp_path)
     log.acquire()
-    identity = {"submissions": "x"}
-    assert log.previous_rows(identity) is None
+    identity = {"submissions": "x", "solutions": "s"}
+    assert log.previous(identity) is None
     log.start(identity, None)
     row = {"student": "zed", "assignment": A, "score": "1", "max_score": "2", "status": "graded", "notes": ""}
-    log.append(row)
+    log.append(row, "d-zed")
     assert rows_of(tmp_path) == [row]                         # readable before the run ends
     log.release()
     log.acquire()
     with open(tmp_path / "grades.csv", "a", encoding="utf-8") as f:
         f.write("amy,ch01_embeddings,3")                    # a row cut short by a kill
-    assert log.previous_rows(identity) == {("zed", A): row}
-    with pytest.raises(ValueError, match="unfinished grading run of other inputs"):
-        log.previous_rows({"submissions": "y"})
-    log.start(identity, {("zed", A): row})
-    log.append({**row, "student": "amy"})
+    previous = log.previous(identity)
+    assert previous.rows == {("zed", A): row} and not previous.finished
+    assert previous.unchanged({("zed", A): "d-zed", ("amy", A): "d-amy"}) == {("zed", A): row}
+    assert previous.unchanged({("zed", A): "changed"}) == {}          # its notebook changed: graded again
+    assert log.previous({**identity, "solutions": "t"}) is None and "solutions" in log.fresh_reason
+    assert log.previous({**identity, "submissions": "y"}) is not None   # each row has its own digest
+    log.start(identity, {("zed", A): row}, previous.digests)
+    log.append({**row, "student": "amy"}, "d-amy")
     log.finish(rows_of(tmp_path))
     assert [r["student"] for r in rows_of(tmp_path)] == ["amy", "zed"]
-    assert (tmp_path / DONE_FILE).exists() and log.previous_rows(identity) is None   # finished: start fresh
+    previous = log.previous(identity)
+    assert (tmp_path / DONE_FILE).exists() and previous.finished
+    assert set(previous.unchanged({("zed", A): "d-zed", ("amy", A): "d-amy"})) == {("zed", A), ("amy", A)}
     log.release()
 
 

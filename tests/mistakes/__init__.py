@@ -31,12 +31,13 @@ def all_mistakes() -> list[tuple[str, Mistake]]:
 
 
 def e2e_mistakes() -> list[tuple[str, Mistake]]:
-    """The mistakes also graded through the real autograder: a module may name them in a
-    set ``E2E`` (the ones its issue lists); otherwise every mistake with ``e2e=True``.
-    In-process tests cover all of them; grading each one end to end costs a kernel run."""
+    """One mistake per assignment, also graded through the real autograder: the first of the
+    module's set ``E2E`` (or the first with ``e2e=True``). End to end shows what only the real
+    grader can (the trusted judge's path, the hint reaching the feedback); the in-process
+    tests cover every mistake, and grading each one end to end would cost a kernel run."""
     out = []
-    for assignment, mistake in all_mistakes():
+    for assignment in assignments():
         chosen = getattr(importlib.import_module(f"mistakes.{assignment}"), "E2E", None)
-        if mistake.e2e and (chosen is None or mistake.name in chosen):
-            out.append((assignment, mistake))
+        picked = [m for m in mistakes_for(assignment) if m.e2e and (chosen is None or m.name in chosen)]
+        out += [(assignment, m) for m in picked[:1]]
     return out

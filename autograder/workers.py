@@ -1,0 +1,171 @@
+"""Grading several submissions at once, each worker a process of its own.
+
+The main process generates the nbgrader course tree once; each worker (spawned, never
+forked: the grader holds threads and sockets) opens that tree and grades whole submissions,
+with its own sandbox and kernel per notebook and its own trusted judge. A pre-started kernel
+is never shared: every notebook still gets a fresh sandbox. The gradebook (SQLite, in
+write-ahead-log mode) takes the workers' short writes one at a time. Rows come back to the
+main process, which writes ``grades.csv`` as each arrives and sorts it at the end, so the
+CSV and every score are those of one worker; only the order of the terminal lines differs.
+
+Cores are shared out: each worker's kernels and judge get ``cores // workers`` threads.
+As root, each worker's kernels run under an id of their own (:func:`sandbox.sandbox_uid`),
+so one submission's processes never count against another's process limit.
+
+A worker that dies (killed, out of memory) takes with it only the submissions it was
+grading: they are graded again in a fresh pool, at most :data:`MAX_ATTEMPTS` times, then
+reported ``broken``. Rows already written are never lost or repeated.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+import shutil
+import signal
+from collections.abc import Iterator
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+from concurrent.futures.process import BrokenProcessPool
+from pathlib import Path
+
+MAX_ATTEMPTS = 3
+RUNNING_DIR = ".grading-workers"     # in --out: which submission each live worker holds
+# Testing hook: a worker kills itself (SIGKILL) the first time it starts this
+# "student/assignment", to show that a dead worker loses no row.
+KILL_ENV = "COURSE_GRADER_KILL_WORKER"
+
+_grader = None      # the worker process's own Grader
+_running: Path | None = None
+
+
+def cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count() or 1
+
+
+def _memory_gib() -> float:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / (1 << 30)
+    except (ValueError, OSError, AttributeError):
+        return 0.0
+
+
+def default_workers(memory_gb: float) -> int:
+    """One worker per core, fewer when each kernel's memory limit (plus about 1 GiB for the
+    worker itself) would not fit in the machine's memory."""
+    by_memory = int(_memory_gib() // (memory_gb + 1)) if _memory_gib() else cores()
+    return max(1, min(cores(), by_memory))
+
+
+def threads_per_worker(workers: int) -> int:
+    return max(1, cores() // max(1, workers))
+
+
+def _start_worker(solutions_dir: Path, out: Path, settings, assignments: list[str], numbers, threads: int) -> None:
+    from .coursetree import thread_environment
+
+    os.environ.update(thread_environment(threads))
+    import torch
+
+    torch.set_num_threads(threads)
+    from .grade import Grader
+
+    global _grader, _running
+    _grader = Grader(solutions_dir, out, settings)
+    _grader.attach_tree(assignments, worker=numbers.get(), threads=threads)
+    _running = Path(out) / RUNNING_DIR
+    _running.mkdir(exist_ok=True)
+
+
+def _grade_task(found, sid: str, attempt: int):
+    marker = _running / f"{os.getpid()}.json"
+    marker.write_text(json.dumps(list(found.key)), encoding="utf-8")
+    if attempt == 0 and os.environ.get(KILL_ENV) == f"{found.student}/{found.assignment}":
+        os.kill(os.getpid(), signal.SIGKILL)
+    try:
+        return _grader.grade_entry(found, sid)
+    finally:
+        marker.unlink(missing_ok=True)
+
+
+def _held_by_dead_workers(out: Path) -> set[tuple[str, str]]:
+    """The submissions the workers of a broken pool were grading."""
+    held = set()
+    folder = Path(out) / RUNNING_DIR
+    for marker in folder.glob("*.json"):
+        try:
+            held.add(tuple(json.loads(marker.read_text(encoding="utf-8"))))
+        except (OSError, ValueError):
+            pass
+        marker.unlink(missing_ok=True)
+    return held
+
+
+def grade_in_parallel(grader, tasks: list, workers: int) -> Iterator[tuple[object, object]]:
+    """Yield ``(found, row)`` for each ``(found, sid)`` of ``tasks`` as workers finish them."""
+    from .grade import GradeRow
+
+    threads = threads_per_worker(workers)
+    attempts: dict[tuple[str, str], int] = {}
+    queue = list(tasks)
+    context = multiprocessing.get_context("spawn")
+    assignments = sorted({found.assignment for found, _ in tasks})
+    while queue:
+        numbers = context.Queue()
+        for number in range(workers):
+            numbers.put(number)
+        pool = ProcessPoolExecutor(max_workers=min(workers, len(queue)), mp_context=context,
+                                   initializer=_start_worker,
+                                   initargs=(grader.solutions_dir, grader.out, grader.settings, assignments,
+                                             numbers, threads))
+        futures = {pool.submit(_grade_task, found, sid, attempts.get(found.key, 0)): (found, sid)
+                   for found, sid in queue}
+        queue, broken, finished = [], False, False
+        try:
+            pending = set(futures)
+            while pending:
+                done, pending = wait(pending, return_when=FIRST_COMPLETED)
+                for future in done:
+                    found, sid = futures[future]
+                    try:
+                        row = future.result()
+                    except BrokenProcessPool:
+                        broken = True
+                        queue.append((found, sid))
+                        continue
+                    except Exception as err:   # the worker could not start: grade nothing in it
+                        row = GradeRow(found.student, found.assignment, 0.0, grader._safe_max(found.assignment),
+                                       status="broken", notes=[f"the grading worker failed: "
+                                                               f"{type(err).__name__}: {str(err)[:300]}"])
+                    yield found, row
+            finished = True
+        finally:
+            _shutdown(pool, now=broken or not finished)
+        if broken:
+            held = _held_by_dead_workers(grader.out)
+            for found, sid in list(queue):
+                if found.key not in held:
+                    continue
+                attempts[found.key] = attempts.get(found.key, 0) + 1
+                if attempts[found.key] >= MAX_ATTEMPTS:
+                    queue.remove((found, sid))
+                    yield found, GradeRow(found.student, found.assignment, 0.0, grader._safe_max(found.assignment),
+                                          status="broken", notes=[f"the grading worker died {MAX_ATTEMPTS} times "
+                                                                  f"while grading this submission"])
+    shutil.rmtree(Path(grader.out) / RUNNING_DIR, ignore_errors=True)
+
+
+def _shutdown(pool: ProcessPoolExecutor, now: bool) -> None:
+    """Stop a pool; ``now`` (an error, an interrupt, a broken pool): without waiting for
+    its workers, whose sandboxes die with them (bubblewrap's --die-with-parent)."""
+    if not now:
+        pool.shutdown(wait=True)
+        return
+    processes = list((getattr(pool, "_processes", None) or {}).values())   # no public handle on them
+    pool.shutdown(wait=False, cancel_futures=True)
+    for process in processes:
+        if process.is_alive():
+            process.kill()

@@ -140,3 +140,27 @@ def same(a: torch.Tensor, b: torch.Tensor, atol: float = 1e-5, rtol: float = 1e-
 
 def generator(seed: int) -> torch.Generator:
     return torch.Generator().manual_seed(seed)
+
+
+@contextlib.contextmanager
+def earlier_first(*earlier: tuple[str, Callable[[], None]]) -> Iterator[None]:
+    """Blame an earlier exercise when this one fails because it calls a wrong earlier answer.
+
+    ``earlier`` holds ``(what, run_check)`` pairs, for example ``("train_bpe calls your
+    get_pair_counts and merge_pair, which fail exercise 1's tests", lambda: ...)``. When the
+    block fails and one of these checks fails too, the hint says to fix that exercise first
+    and quotes its own hint; a stub (NotImplementedError) of the earlier answer is ignored."""
+    try:
+        yield
+    except CheckFailed as err:
+        for what, run_check in earlier:
+            try:
+                run_check()
+            except NotImplementedError:
+                continue
+            except CheckFailed as inner:
+                found = str(err).split("\nLikely mistake: ", 1)[0]
+                inner_hint = str(inner).split("\nLikely mistake: ", 1)[-1]
+                raise CheckFailed(f"{found}\nLikely mistake: {what}: fix that exercise first. "
+                                  f"Its test says: {inner_hint}") from err
+        raise

@@ -16,7 +16,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ._core import call, expect, expect_close, expect_tensor, fail, forbid, generator
+from ._core import CheckFailed, call, earlier_first, expect, expect_close, expect_tensor, fail, forbid, generator
 from ._hidden import hidden_generator, hidden_rng, hidden_seed
 
 Pair = tuple[int, int]
@@ -53,7 +53,7 @@ SAMPLE = ("To be, or not to be, that is the question: whether 'tis nobler in the
 # ----------------------------------------------------------------------------- exercise 1
 
 def check_get_pair_counts(get_pair_counts, hidden: bool = False) -> None:
-    cases = [[1, 2, 1, 2, 1], [7, 7, 7, 7], [5], []]
+    cases = [[1, 2, 1, 2, 1], [7, 7, 7, 7], [5, 3, 1, 3, 5], [5], []]
     if hidden:
         rng = hidden_rng("get_pair_counts")
         for _ in range(20):
@@ -70,6 +70,12 @@ def check_get_pair_counts(get_pair_counts, hidden: bool = False) -> None:
                 hint = ("pairs may overlap when counting: [7, 7, 7, 7] holds the pair (7, 7) three "
                         "times (positions 0, 1 and 2).")
             fail(f"get_pair_counts({ids}) returned {dict(got)}, expected {dict(want)}.", hint)
+        # The docstring promises first-appearance order; train_bpe's tie rule relies on it.
+        if list(got) != list(want):
+            fail(f"get_pair_counts({ids}) has the right counts in the order {list(got)}, but the pairs must come "
+                 f"in order of first appearance: {list(want)}.",
+                 "keep the pairs in order of first appearance, scanning left to right: fill a plain dict as you "
+                 "go, and do not sort it; train_bpe's tie rule (the pair seen first wins) relies on this order.")
 
 
 def check_merge_pair(merge_pair, hidden: bool = False) -> None:
@@ -98,6 +104,71 @@ def check_merge_pair(merge_pair, hidden: bool = False) -> None:
             elif len(original) and list(got)[-1:] != want[-1:] and len(got) == len(want) - 1:
                 hint = "the last token was dropped: when the loop ends on a single leftover token, append it."
             fail(f"merge_pair({original}, {pair}, {new_id}) returned {list(got)}, expected {want}.", hint)
+    _check_merge_pair_counts(merge_pair, hidden)
+
+
+SENTINEL = (9999, 9998)   # a pair that occurs in no test input: an update must leave it alone
+
+
+def _check_merge_pair_counts(merge_pair, hidden: bool) -> None:
+    """merge_pair(ids, pair, new_id, counts) returns (new ids, counts updated locally)."""
+    cases = [([1, 2, 3, 1, 2], (1, 2), 9), ([5, 1, 2, 1, 2, 7], (1, 2), 9), ([7, 7, 7, 7, 7], (7, 7), 9),
+             ([4, 7, 7, 7, 7, 4], (7, 7), 9), ([3, 4], (4, 3), 9), ([2, 2], (2, 2), 9)]
+    if hidden:
+        rng = hidden_rng("merge_pair/counts")
+        for _ in range(30):
+            alphabet = rng.randrange(1, 5)
+            ids = [rng.randrange(alphabet) for _ in range(rng.randrange(2, 50))]
+            k = rng.randrange(len(ids) - 1)
+            cases.append((ids, (ids[k], ids[k + 1]), 256 + rng.randrange(100)))
+    for ids, pair, new_id in cases:
+        original = list(ids)
+        counts = dict(_pair_counts_oracle(ids))
+        counts[SENTINEL] = 5
+        before = dict(counts)
+        result = call(merge_pair, ids, pair, new_id, dict(counts))
+        expect(ids == original, "merge_pair changed the list it was given.",
+               "build and return a new list; do not edit ids in place.")
+        expect(isinstance(result, tuple) and len(result) == 2 and isinstance(result[1], dict),
+               f"merge_pair(ids, pair, new_id, counts) returned {type(result).__name__}, expected a tuple "
+               "(new_ids, counts).", "when counts is given, return both: the new list and the updated counts.")
+        got, got_counts = result
+        got_counts = dict(got_counts)
+        want_ids = _merge_oracle(original, pair, new_id)
+        expect(list(got) == want_ids, f"merge_pair({original}, {pair}, {new_id}, counts) returned {list(got)}, "
+               f"expected {want_ids}.", "with counts given, the returned list must be the same as without.")
+        want = dict(_pair_counts_oracle(want_ids))
+        want[SENTINEL] = 5
+        if got_counts == want:
+            continue
+        label = f"merge_pair({original}, {pair}, {new_id}, counts)"
+        if got_counts == before:
+            hint = ("the counts came back unchanged: subtract the pairs that the merge removes and add the ones "
+                    "it creates (counts[p] -= 1, counts[q] = counts.get(q, 0) + 1), then return the dict.")
+        elif got_counts.get(SENTINEL) != 5:
+            hint = ("counts was rebuilt instead of updated: an entry for a pair that is nowhere near a merge must "
+                    "be left as it is (the test put such an entry in counts). Change only the pairs that overlap a "
+                    "merged occurrence, and the pairs the new token forms with its neighbours.")
+        elif {k: v for k, v in got_counts.items() if v != 0} == want:
+            hint = "remove a pair from counts when its count falls to 0, so that every key is a pair that occurs."
+        elif (got_counts.get(tuple(pair), 0) == before.get(tuple(pair), 0)
+              and want.get(tuple(pair), 0) != before[tuple(pair)]):
+            hint = ("the merged pair itself disappears at every merged occurrence: subtract it too, along with the "
+                    "pairs each occurrence formed with its left and right neighbours.")
+        elif any(original[i:i + 2] == list(pair) and original[i + 2:i + 4] == list(pair)
+                 for i in range(len(original) - 3)):
+            hint = ("two merged occurrences can be neighbours (in [7, 7, 7, 7] the pair (7, 7) is merged at 0 and "
+                    "2): the pair between them is one pair, subtracted once, and the new pair they form is "
+                    "(new_id, new_id). Compare the pairs of ids that touch a merged position with the pairs of the "
+                    "result that touch new_id.")
+        else:
+            hint = ("each merged occurrence removes the pairs of ids it overlaps (its left neighbour's pair, the "
+                    "pair itself, its right neighbour's pair) and adds the pairs new_id forms in the result.")
+        wrong = {k: (got_counts.get(k), want.get(k)) for k in set(got_counts) | set(want)
+                 if got_counts.get(k) != want.get(k)}
+        fail(f"{label} left counts wrong for {len(wrong)} pair(s), e.g. (pair: got, expected) "
+             f"{dict(list(wrong.items())[:3])}.", hint)
+
 
 # ----------------------------------------------------------------------------- exercise 2
 
@@ -145,7 +216,25 @@ def verify_merges(text: str, merges: dict, num_merges: int, label: str) -> list[
     return ids
 
 
-def check_train_bpe(train_bpe, hidden: bool = False) -> None:
+def _ex1_first(who: str, get_pair_counts, merge_pair) -> list:
+    earlier = []
+    if get_pair_counts is not None:
+        earlier.append((f"{who} calls your get_pair_counts, which fails exercise 1's tests",
+                        lambda: check_get_pair_counts(get_pair_counts)))
+    if merge_pair is not None:
+        earlier.append((f"{who} calls your merge_pair, which fails exercise 1's tests",
+                        lambda: check_merge_pair(merge_pair)))
+    return earlier
+
+
+def check_train_bpe(train_bpe, get_pair_counts=None, merge_pair=None, hidden: bool = False) -> None:
+    """train_bpe on texts with ties and several alphabets; get_pair_counts and merge_pair, when
+    given, are the exercise 1 answers it calls: a failure caused by them is blamed on them."""
+    with earlier_first(*_ex1_first("train_bpe", get_pair_counts, merge_pair)):
+        _check_train_bpe(train_bpe, hidden)
+
+
+def _check_train_bpe(train_bpe, hidden: bool) -> None:
     cases = [("aaabdaaabac", 3), (SAMPLE, 20), ("ab", 5)]
     if hidden:
         rng = hidden_rng("train_bpe")
@@ -158,9 +247,19 @@ def check_train_bpe(train_bpe, hidden: bool = False) -> None:
 
 # ----------------------------------------------------------------------------- exercise 3
 
-def check_encode_decode(encode, decode, train_bpe, hidden: bool = False) -> None:
+def check_encode_decode(encode, decode, train_bpe, merge_pair=None, get_pair_counts=None,
+                        hidden: bool = False) -> None:
+    """encode/decode, with merges learned by the student's train_bpe. A failure caused by a wrong
+    exercise 1 answer (merge_pair, get_pair_counts) or by a wrong train_bpe is blamed on those."""
+    earlier = _ex1_first("encode (or the train_bpe that learns its merges)", get_pair_counts, merge_pair)
+    earlier.append(("the merges come from your train_bpe, which fails exercise 2's tests",
+                    lambda: _check_train_bpe(train_bpe, False)))
+    with earlier_first(*earlier):
+        _check_encode_decode(encode, decode, train_bpe, hidden)
+
+
+def _check_encode_decode(encode, decode, train_bpe, hidden: bool) -> None:
     texts = [SAMPLE, "héllo wörld ✓ — naïve café", "aaaa"]
-    special = {"<|endoftext|>": 1000}
     if hidden:
         rng = hidden_rng("encode_decode")
         for _ in range(10):
@@ -185,16 +284,94 @@ def check_encode_decode(encode, decode, train_bpe, hidden: bool = False) -> None
                 hint = ("decode must join the bytes of all tokens first and decode UTF-8 once: a character such "
                         "as 'é' is two bytes, which can sit in two different tokens.")
             fail(f"decode(encode(text)) != text for {text[:40]!r}: got {back[:40]!r}.", hint)
-    # Special tokens: matched whole, mapped to their id, never split by merges.
+    # Special tokens: matched whole, mapped to their id, never split by merges, and the text
+    # between them encoded exactly as encode(piece) would encode it alone.
+    # Text unseen in training: the learned merges, applied in order, to any text.
+    merges = call(train_bpe, SAMPLE, 40)
+    unseen = ["the nobler question — héllo, arrows!", "zzz qqq", ""]
+    if hidden:
+        rng = hidden_rng("encode_decode/unseen")
+        words = SAMPLE.split() + ["naïve", "日本", "xyz"]
+        unseen += [" ".join(rng.sample(words, rng.randrange(2, 12))) for _ in range(4)]
+    for text in unseen:
+        ids = call(encode, text, merges)
+        want = _encode_oracle(text, merges)
+        if list(ids) != want:
+            hint = ("encode must apply the given merges, in the order they were learned, to any text: it worked on "
+                    "the training text but not on this one.")
+            if len(ids) == len(text.encode("utf-8")):
+                hint = "encode returned raw bytes for text unseen in training: apply the learned merges to it too."
+            fail(f"encode({text!r}, merges) gave {list(ids)}, expected {want} (merges learned on another text).", hint)
+        back = call(decode, ids, merges)
+        expect(back == text, f"decode(encode({text!r})) gave {back!r}.",
+               "expand each id to its bytes, join them, then decode UTF-8 once.")
+    _check_special_tokens(encode, decode, train_bpe, hidden)
+
+
+def _encode_oracle(text: str, merges: dict) -> list[int]:
+    ids = list(text.encode("utf-8"))
+    for pair, new_id in merges.items():
+        ids = _merge_oracle(ids, tuple(pair), new_id)
+    return ids
+
+
+def _encode_special_oracle(text: str, merges: dict, special: dict[str, int]) -> list[int]:
+    """Longest special string first at each position; the pieces between encoded alone."""
+    out, piece, i = [], "", 0
+    names = sorted(special, key=len, reverse=True)
+    while i < len(text):
+        name = next((s for s in names if text.startswith(s, i)), None)
+        if name is None:
+            piece += text[i]
+            i += 1
+            continue
+        out += _encode_oracle(piece, merges) + [special[name]]
+        piece, i = "", i + len(name)
+    return out + _encode_oracle(piece, merges)
+
+
+def _check_special_tokens(encode, decode, train_bpe, hidden: bool) -> None:
     merges = call(train_bpe, SAMPLE, 30)
+    first = 256 + len(merges)
+    cases = [({"<|endoftext|>": 1000}, "to be<|endoftext|>or not"),
+             ({"<|endoftext|>": first, "<|pad|>": first + 1},
+              "<|pad|>whether 'tis nobler<|endoftext|><|endoftext|> the slings<|pad|>")]
+    if hidden:
+        rng = hidden_rng("encode_decode/special")
+        words = SAMPLE.split()
+        for _ in range(4):
+            names = rng.sample(["<|endoftext|>", "<|pad|>", "<s>", "</s>", "<|im_start|>", "<|im_end|>"],
+                               rng.randrange(1, 4))
+            base = first + rng.randrange(0, 50)
+            special = {name: base + k for k, name in enumerate(names)}
+            parts = [rng.choice(names) if rng.random() < 0.35 else " ".join(rng.sample(words, rng.randrange(1, 5)))
+                     for _ in range(rng.randrange(3, 9))]
+            cases.append((special, "".join(parts)))
+    for special, text in cases:
+        ids = call(encode, text, merges, dict(special))
+        want = _encode_special_oracle(text, merges, special)
+        expect(isinstance(ids, list) and all(isinstance(i, int) for i in ids),
+               "encode should return a list of Python ints.", "convert with list(...) and int(...).")
+        if list(ids) != want:
+            counts = {name: text.count(name) for name in special}
+            got_counts = {name: list(ids).count(i) for name, i in special.items()}
+            if got_counts != counts:
+                hint = ("split the text on every special-token string first (all of them, each occurrence), map "
+                        "each to its id, and encode only the pieces between.")
+            elif len(ids) - sum(counts.values()) == len(text.encode("utf-8")) - sum(
+                    len(n.encode("utf-8")) * c for n, c in counts.items()):
+                hint = ("the special tokens are right, but the text between them was left as raw bytes: encode each "
+                        "piece with the merges, exactly as encode(piece, merges) would.")
+            else:
+                hint = ("the special tokens are right, but a piece between them was encoded differently from "
+                        "encode(piece, merges) on its own: apply the merges in training order to each piece.")
+            fail(f"encode({text!r}, merges, special_tokens={special}) gave {list(ids)}, expected {want}.", hint)
+        back = call(decode, ids, merges, dict(special))
+        expect(back == text, f"decode did not restore the text with special tokens: got {back!r}, expected {text!r}.",
+               "decode ids found in special_tokens to their strings (invert the dict).")
     text = "to be<|endoftext|>or not"
-    ids = call(encode, text, merges, special)
-    expect(ids.count(1000) == 1, f"encode({text!r}, ..., special_tokens) gave {ids}: the id 1000 should appear once.",
-           "split the text on each special-token string first, map it to its id, and encode only the pieces between.")
-    expect(call(decode, ids, merges, special) == text, "decode did not restore a special token.",
-           "decode ids found in special_tokens to their strings (invert the dict).")
     plain = call(encode, text, merges)
-    expect(1000 not in plain and call(decode, plain, merges) == text,
+    expect(list(plain) == _encode_oracle(text, merges) and call(decode, plain, merges) == text,
            "without special_tokens, '<|endoftext|>' must be encoded as ordinary text.",
            "only treat strings as special when special_tokens is given.")
 
@@ -246,7 +423,10 @@ def check_embedding(Embedding, hidden: bool = False) -> None:
     # Gradients reach exactly the rows that were used.
     emb.zero_grad()
     ids = torch.tensor([[3, 5, 3]])
-    _embedding_forward(emb, ids, "Embedding").sum().backward()
+    out = _embedding_forward(emb, ids, "Embedding")
+    expect(out.requires_grad, "the output of Embedding carries no gradient: weight cannot be trained.",
+           "do not detach or copy the table in forward; index the Parameter itself.")
+    out.sum().backward()
     expect(weight.grad is not None, "no gradient reached weight.",
            "do not detach or copy the table in forward; index the Parameter itself.")
     used = weight.grad.abs().sum(dim=1) > 0
@@ -255,9 +435,73 @@ def check_embedding(Embedding, hidden: bool = False) -> None:
     expect_close(weight.grad[3], torch.full((d_model,), 2.0), "the gradient of a row used twice",
                  "a token that appears twice gets the sum of both gradients: plain indexing does this.")
 
+def _backward_oracle(ids: torch.Tensor, grad_output: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    table = torch.zeros(vocab_size, grad_output.shape[-1], dtype=grad_output.dtype, requires_grad=True)
+    F.embedding(ids, table).backward(grad_output)
+    return table.grad
+
+
+def check_embedding_backward(embedding_backward, hidden: bool = False) -> None:
+    """Compared with autograd through F.embedding; repeated ids must add up."""
+    cases = [(torch.tensor([[3, 5, 3], [0, 9, 3]]), 10, 4), (torch.tensor([2, 2, 2, 2]), 3, 2)]
+    g = generator(13) if not hidden else hidden_generator("embedding_backward")
+    if hidden:
+        rng = hidden_rng("embedding_backward")
+        for _ in range(4):
+            V = rng.randrange(2, 60)
+            shape = tuple(rng.randrange(1, 6) for _ in range(rng.randrange(1, 4)))
+            ids = torch.randint(0, max(1, V // rng.choice([1, 4])), shape, generator=g)   # often repeated ids
+            ids.view(-1)[0] = V - 1
+            cases.append((ids, V, rng.randrange(1, 33)))
+    for k, (ids, V, d) in enumerate(cases):
+        dtype = torch.float64 if k == 1 else torch.float32
+        grad_output = torch.randn(*ids.shape, d, generator=g, dtype=dtype)
+        ids_before, grad_before = ids.clone(), grad_output.clone()
+        with forbid((torch.Tensor, "backward"), (torch.autograd, "grad"), (torch.autograd, "backward"),
+                    (F, "one_hot"), (F, "embedding"), exercise="the backward pass of the lookup"):
+            try:
+                got = call(embedding_backward, ids, grad_output, V, name="embedding_backward")
+            except CheckFailed as err:
+                if "same scalar type" in str(err) or "same dtype" in str(err):
+                    fail(f"embedding_backward raised on a {dtype} grad_output: {str(err).splitlines()[0]}",
+                         "create the zero table with grad_output's dtype (grad_output.new_zeros(vocab_size, "
+                         "d_model)): a torch.zeros table is float32.")
+                raise
+        expect(torch.equal(ids, ids_before) and torch.equal(grad_output, grad_before),
+               "embedding_backward changed its inputs.", "build a new zero table and add into it; leave ids and "
+               "grad_output as they are.")
+        expect_tensor(got, (V, d), f"the gradient of a ({V}, {d}) table for ids of shape {tuple(ids.shape)}")
+        expect(got.dtype == dtype, f"the gradient has dtype {got.dtype}, expected {dtype} (that of grad_output).",
+               "create the zero table with grad_output's dtype: grad_output.new_zeros(vocab_size, d_model).")
+        want = _backward_oracle(ids, grad_output, V)
+        if not torch.allclose(got.detach().to(dtype), want, atol=1e-5, rtol=1e-5):
+            flat_ids, flat_grad = ids.reshape(-1), grad_output.reshape(-1, d)
+            last = torch.zeros(V, d, dtype=dtype)
+            last[flat_ids] = flat_grad
+            if torch.allclose(got.detach().to(dtype), last):
+                hint = ("a token that occurs several times must receive the sum of its gradients; assignment "
+                        "(table[ids] = grad) keeps only one of them. Add with index_add_(0, ids, grad).")
+            elif not torch.equal(got.detach().abs().sum(1).gt(0), want.abs().sum(1).gt(0)):
+                hint = ("the wrong rows received gradient: row i collects the gradients of the positions where "
+                        "ids == i, and rows that were not looked up stay 0 (index_add_ along dim 0).")
+            else:
+                hint = ("flatten ids to (N,) and grad_output to (N, d_model), then "
+                        "table.index_add_(0, flat_ids, flat_grad): row ids[n] receives grad_output[n].")
+            fail(f"embedding_backward for ids {ids.tolist() if ids.numel() <= 12 else tuple(ids.shape)} differs from "
+                 f"autograd's gradient of the lookup.", hint)
+
+
 # ----------------------------------------------------------------------------- exercise 5
 
-def check_scaled_embedding(ScaledEmbedding, hidden: bool = False) -> None:
+def check_scaled_embedding(ScaledEmbedding, Embedding=None, hidden: bool = False) -> None:
+    """Embedding, when given, is the exercise 4 answer that ScaledEmbedding extends."""
+    earlier = [] if Embedding is None else [
+        ("ScaledEmbedding extends your Embedding, which fails exercise 4's tests", lambda: check_embedding(Embedding))]
+    with earlier_first(*earlier):
+        _check_scaled_embedding(ScaledEmbedding, hidden)
+
+
+def _check_scaled_embedding(ScaledEmbedding, hidden: bool) -> None:
     sizes = [(50, 64), (50, 16)]
     if hidden:
         rng = hidden_rng("scaled_embedding")
@@ -292,7 +536,15 @@ def check_scaled_embedding(ScaledEmbedding, hidden: bool = False) -> None:
 
 # ----------------------------------------------------------------------------- exercise 6
 
-def check_tied_lm(TiedLanguageModel, hidden: bool = False) -> None:
+def check_tied_lm(TiedLanguageModel, Embedding=None, hidden: bool = False) -> None:
+    """Embedding, when given, is the exercise 4 answer that TiedLanguageModel uses."""
+    earlier = [] if Embedding is None else [
+        ("TiedLanguageModel uses your Embedding, which fails exercise 4's tests", lambda: check_embedding(Embedding))]
+    with earlier_first(*earlier):
+        _check_tied_lm(TiedLanguageModel, hidden)
+
+
+def _check_tied_lm(TiedLanguageModel, hidden: bool) -> None:
     rng = hidden_rng("tied_lm")
     vocab_size, d_model = (40, 16) if not hidden else (rng.randrange(20, 300), rng.randrange(4, 65))
     torch.manual_seed(31 if not hidden else hidden_seed("tied_lm/init"))
@@ -330,39 +582,58 @@ def check_tied_lm(TiedLanguageModel, hidden: bool = False) -> None:
 
 # ----------------------------------------------------------------------------- exercise 7
 
-def check_count_parameters(count_parameters, TiedLanguageModel=None, hidden: bool = False) -> None:
-    cases = [(nn.Linear(10, 3), 33), (nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 2, bias=False)), 28)]
-    frozen = nn.Linear(5, 5)
-    frozen.weight.requires_grad_(False)
-    cases.append((frozen, 30))
-    shared = nn.Linear(6, 6, bias=False)
-    cases.append((nn.Sequential(shared, nn.Tanh(), shared), 36))
+def _gpt2_oracle(vocab_size: int, n_positions: int, d_model: int, n_layers: int, tied: bool) -> int:
+    """Build the GPT-2 layout on the meta device (no memory) and count what nn.Module counts."""
+    with torch.device("meta"):
+        parts = nn.ModuleList([nn.Embedding(vocab_size, d_model), nn.Embedding(n_positions, d_model)])
+        for _ in range(n_layers):
+            parts.extend([nn.LayerNorm(d_model), nn.Linear(d_model, 3 * d_model), nn.Linear(d_model, d_model),
+                          nn.LayerNorm(d_model), nn.Linear(d_model, 4 * d_model), nn.Linear(4 * d_model, d_model)])
+        parts.append(nn.LayerNorm(d_model))
+        if not tied:
+            parts.append(nn.Linear(d_model, vocab_size, bias=False))
+    return sum(p.numel() for p in parts.parameters())
+
+
+def _gpt2_variants(V: int, P: int, d: int, L: int, tied: bool) -> list[tuple[int, str]]:
+    """Counts produced by common slips, each with the hint that names it."""
+    block = 2 * 2 * d + (3 * d * d + 3 * d) + (d * d + d) + (4 * d * d + 4 * d) + (4 * d * d + d)
+    right = V * d + P * d + L * block + 2 * d + (0 if tied else V * d)
+    return [
+        (right + V * d if tied else right - V * d,
+         "the output layer shares the token table when tied=True (count it once) and is a separate "
+         "(vocab_size, d_model) matrix, without bias, when tied=False."),
+        (right - P * d, "GPT-2 also has a learned position table: n_positions x d_model."),
+        (right - 2 * d, "the final LayerNorm after the last block has a weight and a bias too (2 * d_model)."),
+        (right - L * 2 * d - d, "a LayerNorm has two vectors of d_model: a weight (gain) and a bias."),
+        (right - L * (3 * d + d + 4 * d + d), "every Linear in a block has a bias: nn.Linear(a, b) holds a*b + b."),
+        (right - L * (8 * d * d + 5 * d) + L * (2 * d * d + 2 * d), "the MLP widens to 4 * d_model: "
+         "Linear(d_model, 4 d_model) then Linear(4 d_model, d_model)."),
+        (right - L * (3 * d * d + 3 * d) + L * (d * d + d), "the attention input projection makes queries, keys "
+         "and values at once: Linear(d_model, 3 d_model)."),
+        (right - L * block + block, "every one of the n_layers blocks has its own weights: multiply a block's "
+         "count by n_layers."),
+    ]
+
+
+def check_gpt2_parameter_count(gpt2_parameter_count, hidden: bool = False) -> None:
+    cases = [(50257, 1024, 768, 12, True), (50257, 1024, 768, 12, False), (100, 16, 8, 2, True)]
     if hidden:
-        rng = hidden_rng("count_parameters")
-        for _ in range(5):
-            a, b = rng.randrange(1, 50), rng.randrange(1, 50)
-            cases.append((nn.Sequential(nn.LayerNorm(a), nn.Linear(a, b)), 2 * a + a * b + b))
-        cases.append((nn.TransformerEncoderLayer(32, 4, 64), 4 * 32 * 32 + 4 * 32 + 2 * 32 * 64 + 64 + 32 + 4 * 32))
-        heads = rng.choice([1, 2, 4])
-        d, ff = heads * rng.randrange(2, 13), rng.randrange(8, 129)
-        cases.append((nn.TransformerEncoderLayer(d, heads, ff), 4 * d * d + 4 * d + 2 * d * ff + ff + d + 4 * d))
-        n, bias = rng.randrange(2, 30), rng.random() < 0.5
-        tied = nn.Linear(n, n, bias=bias)
-        cases.append((nn.Sequential(tied, nn.Tanh(), tied), n * n + (n if bias else 0)))
-    for model, want in cases:
-        got = call(count_parameters, model)
+        rng = hidden_rng("gpt2_parameter_count")
+        cases += [(50257, 1024, 1024, 24, True), (50257, 1024, 1600, 48, True)]
+        for _ in range(4):
+            cases.append((rng.randrange(100, 60_000), rng.randrange(16, 4097), 8 * rng.randrange(1, 200),
+                          rng.randrange(1, 50), rng.random() < 0.6))
+    for V, P, d, L, tied in cases:
+        got = call(gpt2_parameter_count, V, P, d, L, tied)
+        want = _gpt2_oracle(V, P, d, L, tied)
         if got != want:
-            if isinstance(model, nn.Sequential) and model[0] is model[-1]:
-                hint = ("a Parameter used twice (tied weights) is one set of numbers: count each distinct Parameter "
-                        "once; model.parameters() already skips repeats.")
-            elif got > want:
-                hint = ("parameters were counted more than once: iterating over model.modules() and summing each "
-                        "module's .parameters() counts nested modules twice; use model.parameters() once.")
-            elif model is frozen:
-                hint = "frozen parameters (requires_grad=False) are still parameters: count them too."
-            else:
-                hint = "sum p.numel() over model.parameters()."
-            fail(f"count_parameters gave {got} for {model.__class__.__name__}, expected {want}.", hint)
+            hint = next((h for value, h in _gpt2_variants(V, P, d, L, tied) if value == got),
+                        "add up every tensor of the layout in the exercise: the two tables, n_layers blocks "
+                        "(two LayerNorms, four Linear layers with biases), the final LayerNorm, and the output "
+                        "layer only when it is not tied.")
+            fail(f"gpt2_parameter_count(vocab_size={V}, n_positions={P}, d_model={d}, n_layers={L}, tied={tied}) "
+                 f"gave {got}, expected {want:,}.", hint)
 
 
 def check_embedding_memory_bytes(embedding_memory_bytes, hidden: bool = False) -> None:
@@ -398,7 +669,8 @@ def check_patchify(patchify, hidden: bool = False) -> None:
     g = generator(41) if not hidden else hidden_generator("patchify")
     for B, C, H, W, p in shapes:
         images = torch.randn(B, C, H, W, generator=g)
-        got = call(patchify, images.clone(), p)
+        with forbid((F, "unfold"), (F, "conv2d"), exercise="patchify with view and permute"):
+            got = call(patchify, images.clone(), p)
         n = (H // p) * (W // p)
         expect_tensor(got, (B, n, C * p * p), f"patchify of {(B, C, H, W)} with patch_size={p}")
         oracle = F.unfold(images, kernel_size=p, stride=p).transpose(1, 2)
@@ -433,7 +705,8 @@ def check_patch_embedding(PatchEmbedding, hidden: bool = False) -> None:
                "store self.num_patches in __init__.")
         images = torch.randn(2, C, image_size, image_size,
                              generator=generator(52) if not hidden else hidden_generator(f"patch_embedding/images{i}"))
-        out = call(module, images, name="PatchEmbedding.forward")
+        with forbid((F, "unfold"), (F, "conv2d"), exercise="patchify with view and permute"):
+            out = call(module, images, name="PatchEmbedding.forward")
         expect_tensor(out, (2, (image_size // p) ** 2, d_model), "PatchEmbedding output")
         conv = nn.Conv2d(C, d_model, kernel_size=p, stride=p)
         with torch.no_grad():

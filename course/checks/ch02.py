@@ -18,7 +18,7 @@ from typing import Callable
 import torch
 import torch.nn as nn
 
-from ._core import CheckFailed, call, expect, expect_close, expect_tensor, fail, generator
+from ._core import CheckFailed, call, earlier_first, expect, expect_close, expect_tensor, fail, generator
 from ._hidden import hidden_generator, hidden_rng, hidden_seed
 
 # ----------------------------------------------------------------------------- oracles
@@ -404,7 +404,11 @@ def check_learned_positional_embedding(LearnedPositionalEmbedding, hidden: bool 
                 fail(f"LearnedPositionalEmbedding output for T={T} is wrong.", hint)
         module.zero_grad()
         T = max_len // 2 + 1
-        module(torch.randn(3, T, d_model, generator=g)).sum().backward()
+        out = module(torch.randn(3, T, d_model, generator=g))
+        expect(isinstance(out, torch.Tensor) and out.requires_grad,
+               "the output of LearnedPositionalEmbedding carries no gradient: weight cannot be trained.",
+               "do not detach or copy the table in forward: add self.weight[:T] itself.")
+        out.sum().backward()
         expect(weight.grad is not None, "no gradient reached weight.", "do not detach or copy the table in forward.")
         used = weight.grad.abs().sum(dim=1) > 0
         expect(used[:T].all().item() and not used[T:].any().item(),
@@ -588,8 +592,14 @@ def check_apply_rope(apply_rope, hidden: bool = False) -> None:
 
 # ----------------------------------------------------------------------------- exercise 6
 
-def check_apply_rope_interleaved(apply_rope_interleaved, hidden: bool = False) -> None:
-    _check_rope(apply_rope_interleaved, "apply_rope_interleaved", "interleaved", hidden)
+def check_apply_rope_interleaved(apply_rope_interleaved, rope_frequencies=None, hidden: bool = False) -> None:
+    """rope_frequencies, when given, is the exercise 5 answer it may call: a failure it causes is
+    blamed on it."""
+    earlier = [] if rope_frequencies is None else [
+        ("apply_rope_interleaved may call your rope_frequencies, which fails exercise 5's tests",
+         lambda: check_rope_frequencies(rope_frequencies))]
+    with earlier_first(*earlier):
+        _check_rope(apply_rope_interleaved, "apply_rope_interleaved", "interleaved", hidden)
 
 
 def _row_order(n_heads: int, d_head: int, kind: str) -> torch.Tensor:

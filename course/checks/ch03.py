@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
-from ._core import call, expect, expect_close, expect_tensor, fail, forbid, generator
+from ._core import CheckFailed, call, earlier_first, expect, expect_close, expect_tensor, fail, forbid, generator
 from ._core import one_thread as _one_thread, same as _same
 from ._hidden import hidden_generator, hidden_rng, hidden_seed
 
@@ -226,7 +226,8 @@ def _check_attention_case(fn, q, k, v, mask, what: str) -> None:
     if torch.isnan(out).any() or torch.isnan(weights).any():
         if mask is not None and rows_empty.any():
             fail(f"{what}: a query whose mask row is all False got NaN.",
-                 "a fully masked row gives NaN: filling with -inf makes the softmax compute exp(-inf)/0 = 0/0. "
+                 "a fully masked row gives NaN: filled with -inf, the row's maximum is -inf and the softmax's shift "
+                 "computes -inf - (-inf) = NaN. "
                  "Fill with torch.finfo(scores.dtype).min and set the weights of masked positions to 0 after the "
                  "softmax; the contract asks for zero weights and a zero output in such a row.")
         fail(f"{what}: the output contains NaN.", "check the fill value and that the softmax runs over the last axis.")
@@ -259,8 +260,68 @@ def _check_attention_case(fn, q, k, v, mask, what: str) -> None:
                  "out must be weights @ v: multiply the (T_q, T_k) weights by v (T_k, d_v).")
 
 
+def _low_precision_case(fn, q, k, v, mask, what: str) -> None:
+    """float16 / bfloat16 inputs: the fill must exist in the dtype, results keep the dtype."""
+    dtype = q.dtype
+    try:
+        out, weights = _run_attention(fn, q, k, v, mask)
+    except CheckFailed as err:
+        if "overflow" in str(err) or "cannot be converted" in str(err):
+            fail(f"{what}: scaled_dot_product_attention raised on {dtype} input: {str(err).splitlines()[0]}",
+                 f"a fixed fill such as -1e9 does not exist in {dtype} (float16's largest magnitude is 65504): "
+                 "masked_fill refuses it, and a conversion turns it into -inf. Fill with "
+                 "torch.finfo(scores.dtype).min, which exists in every dtype.")
+        if "scalar type" in str(err) or "dtype" in str(err):
+            fail(f"{what}: scaled_dot_product_attention raised on {dtype} input: {str(err).splitlines()[0]}",
+                 "keep the input dtype: a float32 tensor in the mask arithmetic (torch.zeros(...) without a "
+                 "dtype) promotes the scores to float32, which then meet v in float16. Fill with "
+                 "scores.masked_fill(~mask, torch.finfo(scores.dtype).min).")
+        raise
+    for name, t in (("out", out), ("weights", weights)):
+        expect(isinstance(t, torch.Tensor) and t.dtype == dtype,
+               f"{what}: {name} has dtype {getattr(t, 'dtype', type(t).__name__)}, expected {dtype}.",
+               "keep the input dtype: a float32 tensor or a Python-float tensor in the mask arithmetic promotes "
+               "the scores; fill with scores.masked_fill(~mask, torch.finfo(scores.dtype).min).")
+    if torch.isnan(out).any() or torch.isnan(weights).any():
+        fail(f"{what}: the output contains NaN in {dtype}, although float32 inputs were fine.",
+             f"the fill value became -inf in {dtype}: a constant such as -1e9 overflows float16 (its largest "
+             "magnitude is 65504), and a fully masked row then gives NaN. Fill with torch.finfo(scores.dtype).min.")
+    want_out, want_w = _attention_ref(q, k, v, mask)
+    tol = {torch.float16: 4e-3, torch.bfloat16: 3e-2}[dtype]
+    expect_close(weights.float(), want_w.float(), f"weights for {what}",
+                 "weights = softmax(q @ k^T / sqrt(d_k)) over the last axis, masked entries exactly 0, computed in "
+                 "the input dtype.", atol=tol, rtol=tol)
+    expect_close(out.float(), want_out.float(), f"out for {what}", "out must be weights @ v.", atol=tol, rtol=tol)
+
+
+def _extreme_case(fn, q, k, v, mask, what: str) -> None:
+    """Scores far below zero: a fixed fill such as -1e4 is then above the real scores."""
+    out, weights = _run_attention(fn, q, k, v, mask)
+    _, want_w = _attention_ref(q, k, v, mask)
+    live = mask.expand(want_w.shape).any(dim=-1)
+    sums = weights.detach().to(torch.float64).sum(dim=-1)
+    leaked = weights.detach().masked_select(~mask.expand(weights.shape))
+    if (live & (sums - 1).abs().gt(1e-3)).any() or (leaked.numel() and leaked.abs().max() > 0):
+        fail(f"{what}: with scores around -1e5, the weights of the allowed keys sum to "
+             f"{sums[live].min().item():.3g} instead of 1 (masked keys got up to "
+             f"{leaked.abs().max().item() if leaked.numel() else 0:.3g}).",
+             "the fill value is not below every real score: a fixed constant such as -1e4 is larger than a score "
+             "of -1e5, so the masked keys win the softmax. Fill with torch.finfo(scores.dtype).min.")
+    _check_attention_case(fn, q, k, v, mask, what)
+
+
 @_one_thread
-def check_scaled_dot_product_attention(scaled_dot_product_attention, hidden: bool = False) -> None:
+def check_scaled_dot_product_attention(scaled_dot_product_attention, softmax=None, hidden: bool = False) -> None:
+    """softmax, when given, is the exercise 1 answer the attention may call: a failure it causes is
+    blamed on it."""
+    earlier = [] if softmax is None else [
+        ("scaled_dot_product_attention may call your softmax, which fails exercise 1's tests",
+         lambda: check_softmax(softmax))]
+    with earlier_first(*earlier):
+        _check_scaled_dot_product_attention(scaled_dot_product_attention, hidden)
+
+
+def _check_scaled_dot_product_attention(scaled_dot_product_attention, hidden: bool) -> None:
     fn = scaled_dot_product_attention
     g = generator(302 if not hidden else 3302)   # the hand-picked cases: their tolerances were checked on these
     r = lambda *shape, **kw: torch.randn(*shape, generator=g, **kw)  # noqa: E731
@@ -304,9 +365,27 @@ def check_scaled_dot_product_attention(scaled_dot_product_attention, hidden: boo
                           f"(B, n_heads, T_q, d_k) = {(B, H, T_q, d_k)} against {T_k} keys, d_v = {d_v}"))
     for q, k, v, mask, what in cases:
         _check_attention_case(fn, q, k, v, mask, what)
+    # Extreme score ranges: every real score near -1e5, so only a fill below all of them works.
+    far = torch.ones(2, 4, 6, dtype=torch.bool)
+    far[:, :, 3:] = False
+    far[1, 2] = False
+    q_far = torch.full((2, 4, 1), 300.0)
+    k_far = -(330.0 + torch.rand(2, 6, 1, generator=g) * 10)
+    _extreme_case(fn, q_far, k_far, r(2, 6, 3), far, "scores around -1e5 with a partly and a fully masked row")
+    # Reduced precision: the lesson of the masks page (a fill must exist in the dtype).
+    low = [(torch.float16, 3, 5)] + ([(torch.bfloat16, 4, 6), (torch.float16, 6, 9)] if hidden else [])
+    gl = generator(3020) if not hidden else hidden_generator("scaled_dot_product_attention/low")
+    for dtype, T_q, T_k in low:
+        m = torch.rand(2, 1, T_q, T_k, generator=gl) > 0.4
+        m[..., 0, :] = False                      # a fully masked query row
+        m[..., 1:, 0] = True
+        q16, k16, v16 = (torch.randn(2, 2, T_q if i == 0 else T_k, 8, generator=gl).to(dtype) for i in range(3))
+        _low_precision_case(fn, q16, k16, v16, m, f"{str(dtype)[6:]} inputs with a fully masked row")
     # Rows with no allowed key must also be safe to train through.
     q, k, v = r(1, 2, 3, 8).requires_grad_(), r(1, 2, 4, 8).requires_grad_(), r(1, 2, 4, 8).requires_grad_()
     out, _ = _run_attention(fn, q, k, v, empty)
+    expect(out.requires_grad, "the output of scaled_dot_product_attention carries no gradient.",
+           "do not detach anything (and do not wrap the computation in torch.no_grad()).")
     out.pow(2).sum().backward()
     for name, t in (("q", q), ("k", k), ("v", v)):
         expect(t.grad is not None, f"no gradient reached {name}.", "do not detach anything inside the function.")
@@ -498,8 +577,18 @@ def _causality(module, x, mask, name, t: int) -> None:
              "keys j <= i; do not mix positions anywhere else.")
 
 
+def check_multi_head_attention(MultiHeadAttention, scaled_dot_product_attention=None, hidden: bool = False) -> None:
+    """scaled_dot_product_attention, when given, is the exercise 2 answer the layer may call: a
+    failure it causes is blamed on it."""
+    earlier = [] if scaled_dot_product_attention is None else [
+        ("MultiHeadAttention may call your scaled_dot_product_attention, which fails exercise 2's tests",
+         lambda: check_scaled_dot_product_attention(scaled_dot_product_attention))]
+    with earlier_first(*earlier):
+        _check_multi_head_attention(MultiHeadAttention, hidden)
+
+
 @_one_thread
-def check_multi_head_attention(MultiHeadAttention, hidden: bool = False) -> None:
+def _check_multi_head_attention(MultiHeadAttention, hidden: bool) -> None:
     configs = [(16, 4, True), (12, 3, False)]
     rng = hidden_rng("multi_head_attention")
     if hidden:
@@ -578,8 +667,18 @@ def check_multi_head_attention(MultiHeadAttention, hidden: bool = False) -> None
 # ----------------------------------------------------------------------------- exercise 5
 
 
+def check_grouped_query_attention(GroupedQueryAttention, scaled_dot_product_attention=None, hidden: bool = False) -> None:
+    """scaled_dot_product_attention, when given, is the exercise 2 answer the layer may call: a
+    failure it causes is blamed on it."""
+    earlier = [] if scaled_dot_product_attention is None else [
+        ("GroupedQueryAttention may call your scaled_dot_product_attention, which fails exercise 2's tests",
+         lambda: check_scaled_dot_product_attention(scaled_dot_product_attention))]
+    with earlier_first(*earlier):
+        _check_grouped_query_attention(GroupedQueryAttention, hidden)
+
+
 @_one_thread
-def check_grouped_query_attention(GroupedQueryAttention, hidden: bool = False) -> None:
+def _check_grouped_query_attention(GroupedQueryAttention, hidden: bool) -> None:
     configs = [(16, 4, 2), (16, 4, 1), (16, 4, 4)]
     rng = hidden_rng("grouped_query_attention")
     if hidden:

@@ -4,8 +4,8 @@ from notebook_tools import Mistake
 
 MISTAKES = [
     Mistake("merge_overlapping", "ex1_answer",
-            "            out.append(new_id)\n            i += 2",
-            "            out.append(new_id)\n            i += 1",
+            "            covered.update((i, i + 1))\n            i += 2",
+            "            covered.update((i, i + 1))\n            i += 1",
             ("ex1_visible", "ex1_hidden"), "move past both tokens of the pair"),
     Mistake("pair_counts_skip_overlaps", "ex1_answer",
             "    for pair in zip(ids, ids[1:]):\n        counts[pair] = counts.get(pair, 0) + 1",
@@ -35,9 +35,22 @@ MISTAKES = [
     Mistake("tie_by_copy", "ex6_answer", "self.head.weight = self.embed.weight",
             "self.head.weight = nn.Parameter(self.embed.weight.detach().clone())",
             ("ex6_visible", "ex6_hidden"), "holds a copy"),
-    Mistake("count_via_modules", "ex7_answer", "return sum(p.numel() for p in model.parameters())",
-            "return sum(p.numel() for m in model.modules() for p in m.parameters())",
-            ("ex7_visible", "ex7_hidden"), "counts nested modules twice"),
+    Mistake("gpt2_no_position_table", "ex7_answer",
+            "vocab_size * d + n_positions * d + n_layers", "vocab_size * d + n_layers",
+            ("ex7_visible", "ex7_hidden"), "learned position table"),
+    Mistake("gpt2_tied_head_counted", "ex7_answer",
+            "return total if tied else total + vocab_size * d", "return total + vocab_size * d",
+            ("ex7_visible", "ex7_hidden"), "count it once"),
+    Mistake("gpt2_no_final_norm", "ex7_answer",
+            "n_layers * block + layer_norm", "n_layers * block",
+            ("ex7_visible", "ex7_hidden"), "the final LayerNorm", e2e=False),
+    Mistake("gpt2_linear_without_bias", "ex7_answer",
+            "             + d * 3 * d + 3 * d                                   # attention input projection\n"
+            "             + d * d + d                                           # attention output projection\n"
+            "             + d * 4 * d + 4 * d                                   # MLP up\n"
+            "             + 4 * d * d + d)                                      # MLP down",
+            "             + d * 3 * d + d * d + d * 4 * d + 4 * d * d)",
+            ("ex7_visible", "ex7_hidden"), "every Linear in a block has a bias", e2e=False),
     Mistake("memory_in_bits", "ex7_answer", "torch.empty((), dtype=dtype).element_size()",
             "torch.empty((), dtype=dtype).element_size() * 8",
             ("ex7_visible", "ex7_hidden"), "that is bits"),
@@ -47,4 +60,92 @@ MISTAKES = [
             ("ex8_visible", "ex8_hidden"), "a plain reshape mixes pixels"),
     Mistake("patch_channel_last", "ex8_answer", "x.permute(0, 2, 4, 1, 3, 5)", "x.permute(0, 2, 4, 3, 5, 1)",
             ("ex8_visible", "ex8_hidden"), "(channel, row, col) order"),
+    # ---------------------------------------------------------------- found by review (issue 14)
+    Mistake("special_pieces_left_as_bytes", "ex3_answer",
+            "                out.extend(encode(piece, merges))",
+            "                out.extend(piece.encode(\"utf-8\"))",
+            ("ex3_visible", "ex3_hidden"), "left as raw bytes"),
+    Mistake("special_only_the_first", "ex3_answer",
+            "        for piece in re.split(pattern, text):",
+            "        for piece in re.split(pattern, text, maxsplit=1):",
+            ("ex3_visible", "ex3_hidden"), "each occurrence", e2e=False),
+    Mistake("pair_counts_sorted", "ex1_answer", "    return counts\n", "    return dict(sorted(counts.items()))\n",
+            ("ex1_visible", "ex1_hidden"), "order of first appearance", e2e=False),
+    # A wrong exercise 1 answer also breaks train_bpe and encode: those hints must say so.
+    Mistake("train_bpe_after_pair_counts_skip_overlaps", "ex1_answer",
+            "    for pair in zip(ids, ids[1:]):\n        counts[pair] = counts.get(pair, 0) + 1",
+            "    for pair in zip(ids[::2], ids[1::2]):\n        counts[pair] = counts.get(pair, 0) + 1",
+            ("ex2_visible", "ex2_hidden"), "train_bpe calls your get_pair_counts, which fails exercise 1's tests",
+            e2e=False),
+    Mistake("train_bpe_after_pair_counts_sorted", "ex1_answer", "    return counts\n",
+            "    return dict(sorted(counts.items()))\n",
+            ("ex2_visible", "ex2_hidden"), "fix that exercise first. Its test says: keep the pairs in order",
+            e2e=False),
+    Mistake("encode_after_merge_overlapping", "ex1_answer",
+            "            covered.update((i, i + 1))\n            i += 2",
+            "            covered.update((i, i + 1))\n            i += 1",
+            ("ex2_visible", "ex3_visible", "ex3_hidden"), "calls your merge_pair, which fails exercise 1's tests",
+            e2e=False),
+    Mistake("encode_after_count_pairs_once", "ex2_answer",
+            "    for step in range(num_merges):\n        counts = get_pair_counts(ids)\n        if not counts:\n            break\n        pair = max(counts, key=counts.get)",
+            "    counts = get_pair_counts(ids)\n    for step in range(num_merges):\n        if not counts:\n            break\n        pair = max(counts, key=counts.get)\n        counts.pop(pair)",
+            ("ex3_visible", "ex3_hidden"), "the merges come from your train_bpe, which fails exercise 2's tests",
+            e2e=False),
+    Mistake("scaled_after_embedding_shortcut", "ex4_answer", "return self.weight[ids]",
+            "return nn.functional.embedding(ids, self.weight)",
+            ("ex5_visible", "ex5_hidden"), "ScaledEmbedding extends your Embedding, which fails exercise 4's tests",
+            e2e=False),
+    Mistake("embedding_backward_assigns", "ex4_answer",
+            "    grad.index_add_(0, ids.reshape(-1), grad_output.reshape(-1, d_model))",
+            "    grad[ids.reshape(-1)] = grad_output.reshape(-1, d_model)",
+            ("ex4_visible", "ex4_hidden"), "assignment (table[ids] = grad) keeps only one"),
+    Mistake("embedding_backward_float32", "ex4_answer",
+            "    grad = grad_output.new_zeros(vocab_size, d_model)",
+            "    grad = torch.zeros(vocab_size, d_model)",
+            ("ex4_visible", "ex4_hidden"), "with grad_output's dtype", e2e=False),
+    Mistake("embedding_backward_by_autograd", "ex4_answer",
+            "    grad = grad_output.new_zeros(vocab_size, d_model)\n"
+            "    grad.index_add_(0, ids.reshape(-1), grad_output.reshape(-1, d_model))\n    return grad",
+            "    table = grad_output.new_zeros(vocab_size, d_model, requires_grad=True)\n"
+            "    table[ids].backward(grad_output)\n    return table.grad",
+            ("ex4_visible", "ex4_hidden"), "this exercise asks you to write the backward pass"),
+    Mistake("patchify_by_unfold", "ex8_answer",
+            "    x = images.view(B, C, H // p, p, W // p, p)           # (B, C, gh, p, gw, p)\n"
+            "    x = x.permute(0, 2, 4, 1, 3, 5)                        # (B, gh, gw, C, p, p)\n"
+            "    return x.reshape(B, (H // p) * (W // p), C * p * p)    # (B, N, C*p*p)",
+            "    return nn.functional.unfold(images, kernel_size=p, stride=p).transpose(1, 2)",
+            ("ex8_visible", "ex8_hidden"), "asks you to write patchify with view and permute"),
+    Mistake("counts_recounted", "ex1_answer",
+            "    for i in range(len(ids) - 1):                 # pairs that overlap a merge disappear",
+            "    counts = get_pair_counts(out)\n    return out, counts\n"
+            "    for i in range(len(ids) - 1):                 # pairs that overlap a merge disappear",
+            ("ex1_visible", "ex1_hidden"), "counts was rebuilt instead of updated"),
+    Mistake("counts_keep_zeros", "ex1_answer",
+            "            if counts[old] == 0:\n                del counts[old]\n", "",
+            ("ex1_visible", "ex1_hidden"), "when its count falls to 0", e2e=False),
+    Mistake("counts_subtract_per_occurrence", "ex1_answer",
+            "    for i in range(len(ids) - 1):                 # pairs that overlap a merge disappear\n"
+            "        if i in covered or i + 1 in covered:\n"
+            "            old = (ids[i], ids[i + 1])\n"
+            "            counts[old] -= 1\n"
+            "            if counts[old] == 0:\n"
+            "                del counts[old]\n",
+            "    for i in sorted(covered)[::2]:                # each occurrence: left, itself, right\n"
+            "        left = [(ids[i - 1], ids[i])] if i > 0 else []\n"
+            "        right = [(ids[i + 1], ids[i + 2])] if i + 2 < len(ids) else []\n"
+            "        for old in left + [pair] + right:\n"
+            "            counts[old] = counts.get(old, 0) - 1\n"
+            "            if counts[old] == 0:\n"
+            "                del counts[old]\n",
+            ("ex1_visible", "ex1_hidden"), "two merged occurrences can be neighbours", e2e=False),
+    Mistake("counts_merged_pair_kept", "ex1_answer",
+            "        if i in covered or i + 1 in covered:",
+            "        if (i in covered or i + 1 in covered) and (ids[i], ids[i + 1]) != pair:",
+            ("ex1_visible", "ex1_hidden"), "the merged pair itself disappears", e2e=False),
+    Mistake("encode_retrains_on_its_input", "ex3_answer",
+            "    for pair, new_id in merges.items():\n        ids = merge_pair(ids, pair, new_id)",
+            "    for pair, new_id in train_bpe(text, len(merges)).items():\n        ids = merge_pair(ids, pair, new_id)",
+            ("ex3_visible", "ex3_hidden"), "it worked on the training text but not on this one", e2e=False),
+    Mistake("embedding_detached", "ex4_answer", "return self.weight[ids]", "return self.weight.detach()[ids]",
+            ("ex4_visible", "ex4_hidden"), "carries no gradient", e2e=False),
 ]

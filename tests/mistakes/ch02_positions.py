@@ -120,6 +120,13 @@ MISTAKES = [
     Mistake("ntk_without_exponent", "ex8_answer",
             "return base * scale ** (d_head / (d_head - 2))", "return base * scale",
             EX8, "d_head / (d_head - 2)"),
+    Mistake("learned_positions_detached", "ex4_answer",
+            "        return x + self.weight[:T]", "        return x + self.weight[:T].detach()",
+            ("ex4_visible", "ex4_hidden"), "carries no gradient", e2e=False),
+    # A wrong exercise 5 answer also breaks exercise 6, which calls it: the hint must say so.
+    Mistake("interleaved_after_frequencies_from_d_model_pairs", "ex5_answer",
+            "(-math.log(base) / d_head)", "(-math.log(base) / (d_head // 2))",
+            ("ex6_visible", "ex6_hidden"), "may call your rope_frequencies, which fails exercise 5's tests", e2e=False),
 ]
 
 

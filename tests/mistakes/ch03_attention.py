@@ -183,6 +183,24 @@ MISTAKES = [
             BOTH["ex9"], "that is bits"),
     Mistake("kv_cache_fixed_two_bytes", "ex9_answer", "torch.empty((), dtype=dtype).element_size()", "2",
             BOTH["ex9"], "does not take 2 bytes per number"),
+    # ---------------------------------------------------------------- found by review (issue 14)
+    Mistake("attention_fill_minus_1e9_guarded", "ex2_answer",
+            "scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)",
+            "scores = scores.masked_fill(~mask, -1e9)",
+            BOTH["ex2"], "does not exist in torch.float16"),
+    Mistake("attention_fill_minus_1e4_guarded", "ex2_answer",
+            "scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)",
+            "scores = scores.masked_fill(~mask, -1e4)",
+            BOTH["ex2"], "the fill value is not below every real score"),
+    Mistake("attention_additive_float32_mask_promotes", "ex2_answer",
+            "scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)",
+            "scores = scores + torch.zeros(mask.shape).masked_fill(~mask, torch.finfo(torch.float32).min)",
+            BOTH["ex2"], "keep the input dtype"),
+    # A wrong exercise 2 answer also breaks the layers that call it: their hints must say so.
+    Mistake("mha_after_attention_no_scale", "ex2_answer",
+            "scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])", "scores = q @ k.transpose(-2, -1)",
+            BOTH["ex4"] + BOTH["ex5"], "may call your scaled_dot_product_attention, which fails exercise 2's tests",
+            e2e=False),
 ]
 
 

@@ -2,7 +2,9 @@
 # environment in .venv when it is missing (or older than pyproject.toml).
 PYTHON ?= python3
 VENV   ?= .venv
-# A CPU build of PyTorch by default; see README ("GPU") for a CUDA build.
+# PyTorch from PyPI: on Linux x86-64 its wheel is a CUDA build (several GB), on macOS and
+# Windows a CPU build. Without a GPU, install a CPU build first (README, "PyTorch build"):
+# a torch already installed in the range of pyproject.toml is kept.
 TORCH  ?= torch==2.13.0
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
@@ -46,7 +48,7 @@ exercises: $(STAMP)
 
 grade: $(STAMP) sandbox
 	@test -n "$(SUBMISSIONS)" || (echo "usage: make grade SUBMISSIONS=<dir> OUT=<dir>"; exit 2)
-	$(PY) -m autograder grade "$(SUBMISSIONS)" --out "$(or $(OUT),grading-output)"
+	$(PY) -m autograder grade "$(SUBMISSIONS)" --out "$(or $(OUT),grading-output)" $(if $(WORKERS),--workers $(WORKERS))
 
 check: $(STAMP)
 	@test -n "$(NB)" || (echo "usage: make check NB=exercises/<assignment>/<notebook>.ipynb"; exit 2)

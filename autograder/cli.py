@@ -38,6 +38,10 @@ def main(argv: list[str] | None = None) -> int:
                        help=f"grade N submissions at once, each in its own sandbox and kernel, with the CPU "
                             f"cores shared out between them (default: one per core, fewer when N kernels' "
                             f"--memory would not fit; here {default_workers(4.0)} of {cores()} cores at 4 GiB)")
+    grade.add_argument("--cluster", metavar="ADDRESS",
+                       help="send each submission to the Ray cluster at ADDRESS (host:port of `ray start "
+                            "--head`) as a task; every machine needs this repository at the same path "
+                            "(README: Grading on a cluster)")
     grade.add_argument("--force", action="store_true",
                        help="grade everything again (by default a second run on the same --out regrades only "
                             "submissions whose notebooks, the course or the settings changed)")
@@ -79,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
                 raise ValueError(f"--workers must be at least 1, not {workers}")
             rows = grade_folder(args.submissions, args.out, root / "solutions", settings,
                                 show_progress=not args.no_progress, workers=workers, force=args.force,
-                                student=args.student)
+                                student=args.student, cluster=args.cluster)
             total = sum(r.score for r in rows)
             print(f"graded {len(rows)} submission(s), {total:g} points in all; "
                   f"wrote {args.out / 'grades.csv'} and {args.out / 'feedback'}/")

@@ -225,35 +225,12 @@ class CourseExecute(Execute):
         process = getattr(getattr(self.km, "provisioner", None), "process", None)
         return process is not None and process.poll() is None
 
-    def _execute_for_judge(self, code: str, timeout: float) -> str | None:
-        """Run one probe request in the kernel; the error text, or None."""
-        from .remote import CellTimedOut, KernelLost
-
+    def _judge_client_started(self):
         if self._judge_client is None:
             client = self.km.blocking_client()
             client.start_channels(shell=True, iopub=True, stdin=False, hb=False, control=True)
             self._judge_client = client
-        client = self._judge_client
-        msg_id = client.execute(code, silent=True, store_history=False, allow_stdin=False)
-        deadline = time.monotonic() + timeout
-        while True:
-            self._collect_kernel_output(client, msg_id)
-            if not self._kernel_alive():
-                raise KernelLost("the kernel died")
-            if time.monotonic() > deadline:
-                client.control_channel.send(client.session.msg("interrupt_request", content={}))
-                raise CellTimedOut("ran past the time limit")
-            try:
-                reply = client.get_shell_msg(timeout=0.5)
-            except Exception:  # noqa: BLE001 - queue.Empty: keep waiting
-                continue
-            if reply.get("parent_header", {}).get("msg_id") != msg_id:
-                continue
-            content = reply.get("content", {})
-            self._collect_kernel_output(client, msg_id)
-            if content.get("status") == "ok":
-                return None
-            return f"{content.get('ename', 'Error')}: {content.get('evalue', '')}"
+        return self._judge_client
 
     def _collect_kernel_output(self, client, msg_id: str) -> None:
         """What the student's code printed while the grader called it (kept within the
@@ -274,13 +251,18 @@ class CourseExecute(Execute):
         """Run a graded test cell here; its outputs are the verdict."""
         from course.checks import _hidden
 
+        from .probelink import ProbeLink
         from .remote import CellTimedOut, Channel, KernelLost, run_judged
 
         if self.km is None or not self._kernel_alive():
             self.death_reason = self.death_reason or "the kernel is not running"
             return [error_output(NOT_RUN, f"not run: {self.death_reason}")]
         io_dir = self._sandbox.io_dir if self._sandbox is not None else Path(resources["metadata"]["path"])
-        channel = Channel(self._execute_for_judge, io_dir, time.monotonic() + limit)
+        link = ProbeLink(self._judge_client_started(), self._sandbox.socket_dir if self._sandbox else None,
+                         self._sandbox.uid if self._sandbox else None, self._kernel_alive,
+                         self._collect_kernel_output)
+        channel = Channel(link.serve, io_dir, time.monotonic() + limit)
+        timed_out = False
         cwd = Path((resources or {}).get("metadata", {}).get("path") or ".")
         _hidden.set_grading_seed(self.grading_seed)
         outputs = []
@@ -298,7 +280,7 @@ class CourseExecute(Execute):
         except CellTimedOut:
             grade_id = contract.grade_id(cell) or "a test cell"
             outputs.append(error_output(TIMED_OUT, f"{grade_id} ran past the time limit of {limit} s and was stopped"))
-            self._wait_idle()
+            timed_out = True
         except BaseException as err:  # noqa: BLE001 - every failure of a check is a verdict
             if isinstance(err, (KeyboardInterrupt, SystemExit)):
                 raise
@@ -306,13 +288,31 @@ class CourseExecute(Execute):
                                         "".join(traceback.format_exception_only(type(err), err)).strip()))
         finally:
             _hidden.set_grading_seed(None)
-            if self._kernel_alive():
-                channel.deadline = time.monotonic() + 10
-                try:
-                    channel.request("release", None)
-                except Exception:  # noqa: BLE001 - cleaning up kernel references is best effort
-                    pass
+            self._end_judging(link, channel, timed_out)
         return outputs
+
+    def _end_judging(self, link, channel, timed_out: bool) -> None:
+        """Let go of the kernel's objects and end the probe's loop; a kernel still running the
+        student's code after its time limit is stopped (the later cells are then not run)."""
+        if timed_out and self._kernel_alive():
+            if self._sandbox is not None:   # an interrupt does not reliably stop a sandboxed kernel
+                self._stop_kernel()
+            else:
+                client = self._judge_client
+                client.control_channel.send(client.session.msg("interrupt_request", content={}))
+        elif self._kernel_alive() and link.conn is not None:
+            channel.deadline = time.monotonic() + 10
+            try:
+                channel.request("release", None)
+            except Exception:  # noqa: BLE001 - cleaning up kernel references is best effort
+                pass
+        if not link.close(10) and self._kernel_alive():
+            self.log.warning("the kernel did not stop after its time limit; killing it")
+            self._stop_kernel()
+
+    def _stop_kernel(self) -> None:
+        self.km.provisioner.process.send_signal(signal.SIGKILL)
+        self.death_reason = "the kernel did not stop after its time limit"
 
     def _drain_iopub(self) -> None:
         """Each request of a judged cell leaves status messages on the notebook client's
@@ -331,14 +331,3 @@ class CourseExecute(Execute):
             except Exception as err:  # noqa: BLE001 - an empty or closed queue is fine
                 self.log.debug("IOPub drain: %s", err)
 
-    def _wait_idle(self) -> None:
-        """After an interrupt, give the kernel a moment to return to its prompt."""
-        from .remote import CellTimedOut, KernelLost
-
-        try:
-            self._execute_for_judge("pass", 10)
-        except (CellTimedOut, KernelLost):
-            if self._kernel_alive():
-                self.log.warning("the kernel did not stop after an interrupt; killing it")
-                self.km.provisioner.process.send_signal(signal.SIGKILL)
-                self.death_reason = "the kernel did not stop after its time limit"

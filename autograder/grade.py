@@ -213,13 +213,14 @@ class Grader:
     """Grades submissions into ``out``: ``gradebook.db``, ``grades.csv``, ``feedback/``."""
 
     def __init__(self, solutions_dir: Path, out: Path, settings: GradingSettings, workers: int = 1,
-                 force: bool = False, student: str | None = None):
+                 force: bool = False, student: str | None = None, cluster: str | None = None):
         self.out = Path(out)
         self.solutions_dir = Path(solutions_dir)
         self.settings = settings
         self.workers = max(1, int(workers))
         self.force = force              # regrade everything, changed or not
         self.only_student = student     # regrade this student's submissions, keep the other rows
+        self.cluster = cluster          # a Ray cluster's address: grade there (autograder.cluster)
         self.course_root = self.out / "nbgrader"
         self.tree: CourseTree | None = None
         self.assignments = sorted(p.name for p in self.solutions_dir.iterdir()
@@ -376,9 +377,7 @@ class Grader:
     def _graded(self, pending: list[Found]):
         """``(found, row)`` for each pending entry, in one process or in ``workers``."""
         to_grade = [f for f in pending if not f.status]
-        if self.workers > 1 and len(to_grade) > 1:
-            from .workers import grade_in_parallel
-
+        if to_grade and (self.cluster or (self.workers > 1 and len(to_grade) > 1)):
             for found in pending:
                 if found.status:
                     yield found, self.grade_entry(found)
@@ -386,7 +385,14 @@ class Grader:
             with Gradebook(self.tree.db_url) as gb:   # once, here: workers creating one student race
                 for sid in sorted({sid for _, sid in tasks}):
                     gb.update_or_create_student(sid)
-            yield from grade_in_parallel(self, tasks, self.workers)
+            if self.cluster:
+                from .cluster import grade_on_cluster
+
+                yield from grade_on_cluster(self, tasks, self.cluster)
+            else:
+                from .workers import grade_in_parallel
+
+                yield from grade_in_parallel(self, tasks, self.workers)
             return
         for found in pending:
             yield found, self.grade_entry(found)
@@ -618,13 +624,14 @@ def _insert_notes(page: Path, notes: list[str]) -> None:
 
 def grade_folder(submissions: Path, out: Path, solutions_dir: Path, settings: GradingSettings,
                  show_progress: bool = True, workers: int = 1, force: bool = False,
-                 student: str | None = None) -> list[GradeRow]:
+                 student: str | None = None, cluster: str | None = None) -> list[GradeRow]:
     """Grade every submission under ``submissions``; write ``out/grades.csv`` and feedback.
 
     ``workers`` submissions are graded at once (:mod:`autograder.workers`). A second run on
     the same ``out`` regrades only what changed (:mod:`autograder.runlog`); ``force``
-    regrades everything, ``student`` only that student's submissions.
+    regrades everything, ``student`` only that student's submissions. ``cluster`` (a Ray
+    address) sends each submission to a Ray cluster instead (:mod:`autograder.cluster`).
     Raises :class:`OutputLocked` (a ``ValueError``) at once when another run holds ``out``.
     """
-    grader = Grader(solutions_dir, out, settings, workers=workers, force=force, student=student)
+    grader = Grader(solutions_dir, out, settings, workers=workers, force=force, student=student, cluster=cluster)
     return grader.grade_all(submissions, show_progress=show_progress)

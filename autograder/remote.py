@@ -53,11 +53,12 @@ class StudentCodeError(RuntimeError):
 
 
 class Channel:
-    """Requests to one kernel. ``execute(code, timeout)`` runs code there and returns the
-    error text, or None; it raises :class:`KernelLost` or :class:`CellTimedOut`."""
+    """Requests to one kernel. ``serve(request_path, reply_path, timeout)`` has the kernel's
+    probe answer one request file with a reply file and returns the error text, or None; it
+    raises :class:`KernelLost` or :class:`CellTimedOut`."""
 
-    def __init__(self, execute: Callable[[str, float], str | None], io_dir: Path, deadline: float) -> None:
-        self.execute, self.io_dir, self.deadline = execute, Path(io_dir), deadline
+    def __init__(self, serve: Callable[[Path, Path, float], str | None], io_dir: Path, deadline: float) -> None:
+        self.serve, self.io_dir, self.deadline = serve, Path(io_dir), deadline
         self.count = 0
         self.mirrors: dict[int, torch.Tensor] = {}    # our leaf tensors, by mirror number
         self.objects: dict[int, RemoteObject] = {}    # one stand-in per kernel object: `is` works
@@ -96,8 +97,7 @@ class Channel:
         remaining = self.deadline - time.monotonic()
         if remaining <= 0:
             raise CellTimedOut("ran past the time limit")
-        error = self.execute(f"__import__('course.probe').probe.serve({str(request_path)!r}, {str(reply_path)!r})",
-                             remaining)
+        error = self.serve(request_path, reply_path, remaining)
         request_path.unlink(missing_ok=True)
         if error is not None or not reply_path.is_file():
             raise StudentCodeError("the kernel could not run the student's code for the grader "

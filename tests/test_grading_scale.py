@@ -5,7 +5,9 @@ worker loses no row, and a second run regrades only what changed (``--force`` ev
 from __future__ import annotations
 
 import csv
+import html
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -51,9 +53,11 @@ def runs(tmp_path_factory):
     (root / "dee" / A / NB).write_text("{ not json", encoding="utf-8")
     (root / "eve" / "ch01_embedings").mkdir(parents=True)                       # skipped: a typo
     one, two = tmp_path_factory.mktemp("one-worker"), tmp_path_factory.mktemp("two-workers")
+    pristine = tmp_path_factory.mktemp("pristine") / "subs"
+    shutil.copytree(root, pristine)                   # the reruns below change bob's notebook
     run(root, one, "--workers", "1")
     output = run(root, two, "--workers", "2", env={"COURSE_GRADER_KILL_WORKER": f"bob/{A}"})
-    return {"root": root, "one": one, "two": two, "output": output, "wrong": wrong}
+    return {"root": root, "pristine": pristine, "one": one, "two": two, "output": output, "wrong": wrong}
 
 
 def test_two_workers_give_the_rows_of_one_even_when_a_worker_dies(runs):
@@ -69,7 +73,7 @@ def test_two_workers_give_the_rows_of_one_even_when_a_worker_dies(runs):
 
 def test_the_dead_workers_submission_got_its_hint(runs):
     pages = list((runs["two"] / "feedback" / "bob" / A).glob("*.html"))
-    assert pages and runs["wrong"].hint in __import__("html").unescape(pages[0].read_text(encoding="utf-8"))
+    assert pages and runs["wrong"].hint in html.unescape(pages[0].read_text(encoding="utf-8"))
 
 
 def test_kernels_of_parallel_workers_run_under_ids_of_their_own(runs):
@@ -78,6 +82,37 @@ def test_kernels_of_parallel_workers_run_under_ids_of_their_own(runs):
     from autograder.sandbox import NOBODY, sandbox_uid
 
     assert sandbox_uid(None) == NOBODY and len({sandbox_uid(0), sandbox_uid(1), NOBODY}) == 3
+
+
+def cell_scores(out: Path, student: str) -> dict[str, float]:
+    from nbgrader.api import Gradebook
+
+    with Gradebook(f"sqlite:///{out / 'nbgrader' / 'gradebook.db'}") as gb:
+        return {g.name: float(g.score) for g in gb.find_submission_notebook(A, A, student).grades}
+
+
+@pytest.fixture(scope="module")
+def on_ray(runs, tmp_path_factory):
+    """The same entries sent to a real local Ray cluster (two worker processes), one of
+    whose workers dies on its first task."""
+    from autograder.cluster import local_cluster
+
+    out = tmp_path_factory.mktemp("ray-out")
+    with local_cluster(tmp_path_factory.mktemp("ray"), workers=2) as address:
+        output = run(runs["pristine"], out, "--cluster", address, env={"COURSE_GRADER_KILL_WORKER": f"bob/{A}"})
+    return out, output
+
+
+def test_a_ray_cluster_gives_the_rows_of_one_worker_even_when_a_worker_dies(runs, on_ray):
+    out, _ = on_ray
+    assert rows_of(out) == rows_of(runs["one"])
+    for student in ("ann", "bob"):
+        assert cell_scores(out, student) == cell_scores(runs["one"], student)
+        pages = list((out / "feedback" / student / A).glob("*.html"))
+        assert pages and "hidden tests: their code is not shown" in pages[0].read_text(encoding="utf-8")
+        assert (out / "nbgrader" / "autograded" / student / A / NB).is_file()
+    bob = html.unescape((out / "feedback" / "bob" / A / f"{A}.html").read_text(encoding="utf-8"))
+    assert runs["wrong"].hint in bob
 
 
 @pytest.fixture(scope="module")
@@ -101,7 +136,7 @@ def reruns(runs):
 
 
 def test_an_unchanged_rerun_grades_nothing(reruns):
-    assert reruns["same"] == reruns["before"]
+    assert reruns["same"] == reruns["before"], reruns["same_output"]
     assert "4 row(s) unchanged since the last run" in reruns["same_output"] and "0 to grade" in reruns["same_output"]
 
 

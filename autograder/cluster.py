@@ -1,0 +1,303 @@
+"""Grading on a Ray cluster: each submission is a Ray task.
+
+``grade --cluster ADDRESS`` connects to a running Ray cluster (``ray start --head`` on one
+machine, ``ray start --address=HEAD:6379`` on the others, or a KubeRay cluster) and sends
+each submission to it as a task: a chapter notebook asks for one CPU, an assignment with
+training cells graded in the ``gpu`` profile on CUDA for one GPU as well, so Ray places it
+on a GPU machine. Every machine needs this repository at the same path, set up with
+``make env`` (the task checks that its ``solutions/`` match the caller's, and refuses to
+grade with other tests), and bubblewrap for the sandbox.
+
+On the worker, the task grades as a local worker does (:mod:`autograder.workers`): its own
+sandbox and kernel per notebook, the verdicts decided by the trusted judge in the task's
+process, never in the kernel. It sends back the row, the feedback pages, the autograded
+notebooks and each test cell's score; the caller writes them into its ``--out`` and its
+gradebook, so the results look as if graded here.
+
+A task whose worker or machine dies is sent again (at most ``workers.MAX_ATTEMPTS`` times,
+then the row says so); a row is written once, when its task's result arrives.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import fcntl
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+from .workers import KILL_ENV, MAX_ATTEMPTS
+
+_node: dict = {}          # per Ray worker process: its graders and its sandbox id slot
+
+
+# ====================================================================== on a worker machine
+
+def _claim_slot() -> int:
+    """A number no other grading process on this machine holds (a lock held for life), so
+    that concurrent tasks' kernels run under distinct ids."""
+    if "slot" not in _node:
+        for number in range(1, 512):
+            handle = open(Path(tempfile.gettempdir()) / f"course-grader-slot-{number}.lock", "a")
+            try:
+                fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                handle.close()
+                continue
+            _node["slot"], _node["slot_handle"] = number, handle
+            break
+        else:
+            raise RuntimeError("no free grading slot on this machine")
+    return _node["slot"]
+
+
+def _node_grader(payload: dict):
+    """This process's grader for the caller's solutions and settings (its course tree is
+    generated once per assignment and kept for the next tasks)."""
+    from .grade import Grader
+    from .runlog import fingerprint
+
+    solutions = Path(payload["solutions_dir"])
+    key = (str(solutions), payload["solutions_fingerprint"], repr(payload["settings"]))
+    if key not in _node:
+        if not solutions.is_dir() or fingerprint(solutions) != payload["solutions_fingerprint"]:
+            raise RuntimeError(f"{socket.gethostname()}: {solutions} is missing or differs from the caller's "
+                               f"solutions/; update the course repository on this machine")
+        out = Path(tempfile.mkdtemp(prefix="course-ray-grader-"))
+        grader = Grader(solutions, out, payload["settings"])
+        grader._open_tree([])
+        grader.tree.worker, grader.tree.threads = _claim_slot(), payload["threads"]
+        _node[key] = (grader, set())
+    grader, generated = _node[key]
+    if payload["assignment"] not in generated:
+        grader.tree.generate(payload["assignment"])
+        generated.add(payload["assignment"])
+    return grader
+
+
+def grade_task(payload: dict) -> dict:
+    """Grade one submission on this machine; what the caller needs to record it."""
+    from nbgrader.api import Gradebook, MissingEntry
+
+    from .grade import Found
+
+    student, assignment, sid = payload["student"], payload["assignment"], payload["sid"]
+    if payload["attempt"] == 0 and payload.get("kill") == f"{student}/{assignment}":
+        os.kill(os.getpid(), signal.SIGKILL)        # testing hook: a worker that dies mid-task
+    from .coursetree import thread_environment
+
+    os.environ.update(thread_environment(payload["threads"]))
+    grader = _node_grader(payload)
+    folder = Path(tempfile.mkdtemp(prefix="course-ray-sub-")) / assignment
+    folder.mkdir()
+    try:
+        for name, (kind, content) in payload["files"].items():
+            if kind == "link":
+                (folder / name).symlink_to(content)
+            else:
+                (folder / name).write_bytes(content)
+        row = grader.grade_entry(Found(student, assignment, folder=folder), sid)
+        autograded = grader.course_root / "autograded" / sid / assignment
+        feedback = grader.out / "feedback" / student / assignment
+        scores: dict[str, dict[str, float]] = {}
+        with Gradebook(grader.tree.db_url) as gb:
+            try:
+                for notebook in gb.find_submission(assignment, sid).notebooks:
+                    scores[notebook.name] = {g.name: float(g.auto_score or 0) for g in notebook.grades}
+            except MissingEntry:
+                pass
+        return {"row": dataclasses.replace(row, feedback=[]),
+                "autograded": {str(p.relative_to(autograded)): p.read_bytes()
+                               for p in sorted(autograded.rglob("*")) if p.is_file() and not p.is_symlink()},
+                "feedback": {str(p.relative_to(feedback)): p.read_bytes()
+                             for p in sorted(feedback.rglob("*")) if p.is_file()},
+                "scores": scores, "host": socket.gethostname()}
+    finally:
+        shutil.rmtree(folder.parent, ignore_errors=True)
+        for leftover in (grader.course_root / "submitted" / sid, grader.course_root / "autograded" / sid,
+                         grader.course_root / "feedback" / sid, grader.out / "feedback" / student):
+            shutil.rmtree(leftover, ignore_errors=True)
+
+
+# ====================================================================== on the caller
+
+def _files(folder: Path) -> dict[str, tuple[str, object]]:
+    """The submission's notebooks as sent: bytes, or a link's target (never followed)."""
+    files = {}
+    for path in sorted(Path(folder).iterdir(), key=lambda p: p.name):
+        if path.suffix != ".ipynb":
+            continue
+        if path.is_symlink():
+            files[path.name] = ("link", os.readlink(path))
+        elif path.is_file():
+            files[path.name] = ("file", path.read_bytes())
+    return files
+
+
+def _needs_gpu(grader, assignment: str) -> bool:
+    """An assignment that trains models, graded in the gpu profile on CUDA."""
+    from . import contract
+    from .contract import Role
+
+    settings = grader.settings
+    if settings.profile != "gpu" or not settings.device.startswith("cuda"):
+        return False
+    for notebook in grader.tree.notebooks(assignment):
+        released = contract.read(grader.tree.release_path(assignment, notebook))
+        if any(contract.role(cell) is Role.TRAINING for cell in released.cells):
+            return True
+    return False
+
+
+def record(grader, found, sid: str, result: dict):
+    """Write a task's result into the caller's ``--out`` and gradebook; the row."""
+    from nbgrader.api import Gradebook
+
+    row = result["row"]
+    if result["autograded"]:
+        folder = grader.course_root / "autograded" / sid / found.assignment
+        shutil.rmtree(folder, ignore_errors=True)
+        folder.mkdir(parents=True)
+        for name, content in result["autograded"].items():
+            target = (folder / name).resolve()
+            if folder.resolve() in target.parents:       # the notebooks and what they saved
+                target.parent.mkdir(parents=True, exist_ok=True)
+                target.write_bytes(content)
+    if result["scores"]:
+        with Gradebook(grader.tree.db_url) as gb:
+            gb.update_or_create_student(sid)
+            submission = gb.update_or_create_submission(found.assignment, sid)
+            for notebook in submission.notebooks:
+                for grade in notebook.grades:
+                    grade.auto_score = result["scores"].get(notebook.name, {}).get(grade.name, 0.0)
+                    grade.needs_manual_grade = False
+            gb.db.commit()
+    feedback = grader._feedback_dir(row)
+    shutil.rmtree(feedback, ignore_errors=True)
+    feedback.mkdir(parents=True)
+    for name, content in result["feedback"].items():
+        target = (feedback / name).resolve()
+        if feedback.resolve() in target.parents:      # pages only, inside the student's folder
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(content)
+            row.feedback.append(target)
+    return row
+
+
+def grade_on_cluster(grader, tasks: list, address: str) -> Iterator[tuple[object, object]]:
+    """Yield ``(found, row)`` for each ``(found, sid)`` of ``tasks`` as the cluster finishes them."""
+    import ray
+    from ray.exceptions import RayTaskError
+
+    from .grade import GradeRow
+    from .runlog import fingerprint
+
+    settings = dataclasses.replace(grader.settings, seed=grader.tree.api.config.CourseExecute.grading_seed)
+    common = {"solutions_dir": str(grader.solutions_dir.resolve()), "settings": settings,
+              "solutions_fingerprint": fingerprint(grader.solutions_dir), "threads": 1,
+              "kill": os.environ.get(KILL_ENV)}
+    ray.init(address=address, logging_level="ERROR", log_to_driver=False, configure_logging=False)
+    task = ray.remote(max_retries=0)(grade_task)
+    pending: dict = {}
+
+    def submit(found, sid: str, attempt: int) -> None:
+        gpus = 1 if _needs_gpu(grader, found.assignment) else 0
+        payload = {**common, "student": found.student, "assignment": found.assignment, "sid": sid,
+                   "attempt": attempt, "files": _files(found.folder)}
+        pending[task.options(num_cpus=1, num_gpus=gpus).remote(payload)] = (found, sid, attempt)
+
+    try:
+        for found, sid in tasks:
+            submit(found, sid, 0)
+        while pending:
+            ready, _ = ray.wait(list(pending), num_returns=1)
+            found, sid, attempt = pending.pop(ready[0])
+            try:
+                result = ray.get(ready[0])
+            except RayTaskError as err:     # the grader itself failed there: as a local failure
+                yield found, GradeRow(found.student, found.assignment, 0.0, grader._safe_max(found.assignment),
+                                      status="broken", notes=[f"the grader failed on a cluster worker: "
+                                                              f"{str(err).strip().splitlines()[-1][:300]}"])
+                continue
+            except ray.exceptions.RayError:   # the worker or its machine died: send it again
+                if attempt + 1 < MAX_ATTEMPTS:
+                    submit(found, sid, attempt + 1)
+                    continue
+                yield found, GradeRow(found.student, found.assignment, 0.0, grader._safe_max(found.assignment),
+                                      status="broken", notes=[f"the cluster worker died {MAX_ATTEMPTS} times "
+                                                              f"while grading this submission"])
+                continue
+            yield found, record(grader, found, sid, result)
+    finally:
+        for ref in pending:
+            ray.cancel(ref, force=True)
+        ray.shutdown()
+
+
+# ====================================================================== a cluster for tests
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def local_cluster(folder: Path, workers: int = 2) -> Iterator[str]:
+    """A real Ray cluster on this machine with ``workers`` CPUs (for tests and benchmarks);
+    its address. Stopped, with every process it started, on exit."""
+    port = _free_port()
+    temp = Path(tempfile.mkdtemp(prefix="ray-", dir="/tmp"))      # Ray's sockets need a short path
+    Path(folder).mkdir(parents=True, exist_ok=True)
+    log = open(Path(folder) / "ray-head.log", "ab")
+    ray_cli = str(Path(sys.executable).parent / "ray")
+    head = subprocess.Popen([ray_cli, "start", "--head", "--block", f"--port={port}", f"--num-cpus={workers}",
+                             "--num-gpus=0", "--include-dashboard=false", "--disable-usage-stats",
+                             f"--temp-dir={temp}"], stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    address = f"127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            if head.poll() is not None:
+                raise RuntimeError(f"ray start failed; see {Path(folder) / 'ray-head.log'}")
+            with socket.socket() as s:
+                if s.connect_ex(("127.0.0.1", port)) == 0:
+                    break
+            if time.monotonic() > deadline:
+                raise RuntimeError("the Ray head did not start within 120 s")
+            time.sleep(0.5)
+        time.sleep(2)     # the raylet registers just after the head's port opens
+        yield address
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(head.pid, signal.SIGTERM)
+        try:
+            head.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(head.pid, signal.SIGKILL)
+        _kill_leftovers(temp)
+        log.close()
+        shutil.rmtree(temp, ignore_errors=True)
+
+
+def _kill_leftovers(temp: Path) -> None:
+    """Ray's own processes started for this cluster (they name its temp folder)."""
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            cmdline = Path(f"/proc/{entry}/cmdline").read_bytes().replace(b"\0", b" ")
+        except OSError:
+            continue
+        if str(temp).encode() in cmdline:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(int(entry), signal.SIGKILL)

@@ -64,8 +64,8 @@ def run_task(ns: dict, task: str, variant: str, seed: int, device: torch.device)
 
         loss_fn = lambda m, x, y: F.cross_entropy(m(x).float(), y)
     start = time.perf_counter()
-    curve = train(model, get, loss_fn, cfg.steps, cfg.lr, cfg.warmup_steps, device, use_bf16=profile.use_bf16,
-                  progress=False)
+    curve = train(model, get, loss_fn, cfg.steps, cfg.lr, cfg.min_lr, cfg.warmup_steps, device,
+                  use_bf16=profile.use_bf16, progress=False)
     if device.type == "cuda":
         torch.cuda.synchronize()
     seconds = time.perf_counter() - start

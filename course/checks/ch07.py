@@ -1,12 +1,20 @@
 """Checks for the capstone: unit checks of the parts, then grading of the trained models
-on held-out data with the course's own loaders and metrics (never the student's)."""
+on held-out data with the course's own loaders and metrics (never the student's).
+
+Exercise 0 brings the student's tools from chapters 5 and 6 (``lr_at``, ``param_groups``,
+``clip_grad_norm``, ``process_logits``, ``sample_next_token``, ``beam_search_core``); they are
+checked here by those chapters' own checks. The capstone's ``train``, ``generate`` and
+``beam_search`` call them: when one of those fails, the tools it calls are checked again, and
+a wrong tool is named as the cause ("train calls your lr_at from chapter 5 ...")."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import random
 from pathlib import Path
+from typing import Iterator
 
 import torch
 import torch.nn as nn
@@ -16,12 +24,15 @@ from ..capstone import data, metrics
 from ..capstone.profiles import ClassifierConfig, LMConfig, Seq2SeqConfig, current_profile
 from ..capstone.weights import save_checkpoint
 from ..device import get_device
-from ._core import call, expect, expect_close, expect_tensor, fail, generator
+from . import ch05, ch06
+from ._core import CheckFailed, call, expect, expect_close, expect_tensor, fail, forbid, generator, same
 from ._hidden import hidden_generator, hidden_rng, hidden_seed
 
 CHECKPOINTS = Path("capstone_checkpoints")
 TINY_LM = LMConfig(d_model=32, n_layers=2, n_heads=4, block_size=16, batch_size=4, steps=1, lr=1e-3, warmup_steps=1)
-TINY_S2S = Seq2SeqConfig(d_model=32, n_layers=2, n_heads=4, batch_size=4, steps=1, lr=1e-3, warmup_steps=1)
+# d_model 48: the positional table (max_len 32 rows) is then the only parameter of shape (32, 48)
+TINY_S2S = Seq2SeqConfig(d_model=48, n_layers=2, n_heads=4, batch_size=4, steps=1, lr=1e-3, warmup_steps=1)
+S2S_MAX_LEN = 32                     # Seq2Seq's default max_len
 TINY_CLS = ClassifierConfig(d_model=32, n_layers=2, n_heads=4, passage_chars=64, max_words=12, batch_size=4,
                             steps=1, lr=1e-3, warmup_steps=1)
 
@@ -31,12 +42,216 @@ def _tied(model: nn.Module) -> bool:
     linears = [m.weight for m in model.modules() if isinstance(m, nn.Linear)]
     return any(e is w for e in embeddings for w in linears)
 
+
+def _split(err: BaseException) -> tuple[str, str]:
+    """A check's failure as (what happened, likely mistake)."""
+    what, _, hint = str(err).partition("\nLikely mistake: ")
+    return what.strip(), hint.strip()
+
+# ----------------------------------------------------------------------------- exercise 0: the tools
+
+# name -> (chapter, exercise there, runner(tools, hidden) calling that chapter's own check)
+_TOOLS = {
+    "lr_at": (5, 5, lambda t, h: ch05.check_lr_at(t["lr_at"], hidden=h)),
+    "param_groups": (5, 4, lambda t, h: ch05.check_param_groups(t["param_groups"], hidden=h)),
+    "clip_grad_norm": (5, 6, lambda t, h: ch05.check_clip_grad_norm(t["clip_grad_norm"], hidden=h)),
+    "process_logits": (6, 1, lambda t, h: ch06.check_process_logits(t["process_logits"], hidden=h)),
+    "sample_next_token": (6, 2, lambda t, h: ch06.check_sample_next_token(t["sample_next_token"], t["process_logits"],
+                                                                          hidden=h)),
+    "beam_search_core": (6, 5, lambda t, h: ch06.check_beam_search(t["beam_search_core"], hidden=h)),
+}
+
+
+def _tool_failure(name: str, tools: dict, hidden: bool) -> tuple[str, str] | None:
+    """(what, hint) when the tool fails its own chapter's check, else None. For lr_at, a quick
+    look first (:func:`_lr_at_agrees`); chapter 5's full check only when it finds a difference."""
+    if name == "lr_at" and _lr_at_agrees(tools["lr_at"], hidden):
+        return None
+    try:
+        _TOOLS[name][2](tools, hidden)
+    except CheckFailed as err:
+        return _split(err)
+    if name == "lr_at":
+        return ("lr_at differs from chapter 5's schedule where a piece of it starts or ends (step 0, the end of "
+                "warm-up, max_steps or after it).",
+                "lr = max_lr * (step + 1) / warmup_steps during warm-up, then min_lr + (max_lr - min_lr) * "
+                "(1 + cos(pi p)) / 2 with p = (step - warmup) / (max_steps - warmup), then min_lr.")
+    return None
+
+
+def _lr_at_agrees(lr_at, hidden: bool) -> bool:
+    """A quick look at lr_at: the steps where each piece of the schedule starts and ends, on
+    fixed or drawn schedules. Chapter 5's own check sweeps every step of several schedules,
+    hundreds of calls; the capstone runs it only when this look finds a difference."""
+    configs = [(1.0, 0.1, 10, 100), (6e-4, 6e-5, 5, 30)]
+    if hidden:
+        rng = hidden_rng("capstone/lr_at")
+        configs = [(3e-4, 0.0, 0, 20)]
+        for _ in range(2):
+            max_lr, warmup = float(f"{10 ** rng.uniform(-5, 0):.3g}"), rng.randrange(1, 40)
+            configs.append((max_lr, max_lr * rng.choice([0.0, 0.01, 0.1, 0.5]), warmup,
+                            warmup + rng.randrange(2, 200)))
+    for max_lr, min_lr, warmup, max_steps in configs:
+        middle = (warmup + max_steps) // 2
+        for step in sorted({0, max(0, warmup - 1), warmup, warmup + 1, middle, max_steps - 1, max_steps,
+                            max_steps + 7}):
+            got = call(lr_at, step, max_lr, min_lr, warmup, max_steps, name="lr_at")
+            want = ch05._lr_oracle(step, max_lr, min_lr, warmup, max_steps)
+            if not (isinstance(got, (int, float)) and math.isclose(got, want, rel_tol=1e-6, abs_tol=1e-12)):
+                return False
+    return True
+
+
+def check_tools(lr_at, param_groups, clip_grad_norm, process_logits, sample_next_token, beam_search_core,
+                hidden: bool = False) -> None:
+    """Chapter 5's and chapter 6's own checks (visible, or hidden) on the tools brought here;
+    for lr_at, a quick look first, and chapter 5's full check only when it finds a difference."""
+    tools = dict(lr_at=lr_at, param_groups=param_groups, clip_grad_norm=clip_grad_norm,
+                 process_logits=process_logits, sample_next_token=sample_next_token,
+                 beam_search_core=beam_search_core)
+    for name, (chapter, exercise, _) in _TOOLS.items():
+        found = _tool_failure(name, tools, hidden)
+        if found is not None:
+            fail(f"{name} (chapter {chapter}, exercise {exercise}) fails its chapter's test: {found[0]}",
+                 f"in {name}: {found[1]}")
+
+
+def _blame_tools(caller: str, tools: dict, hidden: bool, what: str) -> None:
+    """Called when ``caller`` failed with ``what``: if a tool it calls is wrong, fail with a hint
+    that names that tool and its chapter (a stub of the tool is left to its own test cell)."""
+    for name in tools:
+        try:
+            found = _tool_failure(name, tools, hidden)
+        except NotImplementedError:
+            continue
+        if found is not None:
+            chapter, exercise, _ = _TOOLS[name]
+            fail(what, f"{caller} calls your {name} from chapter {chapter}, which fails chapter {chapter}'s test "
+                       f"(exercise {exercise} there): {found[0]} {found[1]} Fix {name} in exercise 0's cell first; "
+                       f"{caller} itself may be right.")
+
+
+@contextlib.contextmanager
+def _blaming(caller: str, tools: dict, hidden: bool) -> Iterator[None]:
+    """A CheckFailed inside the block is re-examined by :func:`_blame_tools`: a wrong tool is
+    named as the cause; otherwise the failure stands."""
+    try:
+        yield
+    except CheckFailed as err:
+        _blame_tools(caller, tools, hidden, _split(err)[0])
+        raise
+
 # ----------------------------------------------------------------------------- exercise 1
 
-def check_decoder_lm(build_lm, hidden: bool = False) -> None:
+_POST_LN = ("the block's output was normalised: x = LayerNorm(x + sublayer(x)) is Post-LN. A Pre-LN block "
+            "normalises only what each sub-layer reads and adds its output to the stream as it is: "
+            "x = x + attn(ln_1(x)), then x = x + mlp(ln_2(x)) (chapter 4, residuals).")
+_COMBINED_MASK = ("build one boolean mask (True = may attend): the causal lower triangle "
+                  "torch.ones(Tq, Tk, dtype=torch.bool).tril() & pad_mask, and pass it as attn_mask alone; "
+                  "attn_mask together with is_causal=True is rejected by several PyTorch releases.")
+
+
+def _check_block(Block, hidden: bool) -> None:
+    """Pre-LN (a constant added to a token's features passes straight through) and one mask
+    that is causal and hides PAD at once."""
+    rng = hidden_rng("capstone/block")
+    n_heads = 4 if not hidden else rng.choice([1, 2, 4])
+    d = 32 if not hidden else n_heads * rng.choice([4, 6, 8])
+    torch.manual_seed(74 if not hidden else hidden_seed("capstone/block/init"))
+    block = call(Block, d, n_heads, dropout=0.0, causal=True, name="Block").eval()
+    g = generator(75) if not hidden else hidden_generator("capstone/block")
+    B, T = (2, 7) if not hidden else (rng.randrange(2, 4), rng.randrange(5, 11))
+    x = torch.randn(B, T, d, generator=g)
+    shift = torch.randn(B, T, 1, generator=g) * 3          # one number per token, added to all its features
+    with torch.no_grad():
+        out = call(block, x, name="Block.forward")
+        expect_tensor(out, (B, T, d), "Block output")
+        moved = block(x + shift)
+    normalised = out.mean(-1).abs().max() < 1e-3 and (out.var(-1, unbiased=False) - 1).abs().max() < 1e-2
+    if normalised and not same(moved, out + shift, atol=1e-4):
+        fail("every token of the block's output has mean 0 and variance 1: the output itself was normalised.",
+             _POST_LN)
+    if not same(moved, out + shift, atol=1e-4):
+        fail("adding the same number to every feature of a token did not add it to the block's output.",
+             "in a Pre-LN block only the sub-layers' inputs are normalised (ln_1 before attention, ln_2 before "
+             "the MLP) and the residual path carries x unchanged: x = x + attn(ln_1(x)); x = x + mlp(ln_2(x)).")
+    t = T - 2
+    z = x.clone()
+    z[:, t] += torch.randn(B, d, generator=g)              # a change at a later position
+    with torch.no_grad():
+        later = block(z)
+    if not same(later[:, :t], out[:, :t], atol=1e-5):
+        fail(f"Block(causal=True): changing position {t} changed the outputs at earlier positions.",
+             "self-attention must be causal when causal=True: a lower-triangular boolean mask "
+             "(torch.ones(Tq, Tk, dtype=torch.bool).tril()) as attn_mask, so position t sees only positions <= t.")
+    # Causal and padded at once: row 0 starts with n_pad PAD positions.
+    n_pad = 2 if not hidden else rng.randrange(1, T - 3)
+    pad = torch.ones(B, 1, 1, T, dtype=torch.bool)
+    pad[0, :, :, :n_pad] = False
+    try:
+        with torch.no_grad():
+            base = call(block, x, pad_mask=pad, name="Block.forward")
+    except CheckFailed as err:
+        if "causal" in str(err) or "attn_mask" in str(err):
+            fail(f"Block(causal=True) with a pad_mask raised an error: {_split(err)[0]}", _COMBINED_MASK)
+        raise
+    y = x.clone()
+    y[0, :n_pad] = torch.randn(n_pad, d, generator=g)      # other contents at the PAD positions
+    with torch.no_grad():
+        other_pad, later = block(y, pad_mask=pad), block(z, pad_mask=pad)
+    if not same(other_pad[0, n_pad:], base[0, n_pad:], atol=1e-5):
+        fail("with causal=True and a pad_mask, changing the PAD positions changed the outputs at real positions.",
+             "PAD keys must be hidden while the block is causal: " + _COMBINED_MASK)
+    if not (same(later[1:, :t], base[1:, :t], atol=1e-5) and same(later[0, n_pad:t], base[0, n_pad:t], atol=1e-5)):
+        fail(f"with causal=True and a pad_mask, changing position {t} changed the outputs at earlier positions.",
+             "the block stopped being causal when a pad_mask was given: " + _COMBINED_MASK)
+
+
+@contextlib.contextmanager
+def _block_first(Block, model_name: str, hidden: bool) -> Iterator[None]:
+    """A failure inside is blamed on exercise 1's Block when Block fails its own test: the
+    encoder-decoder and the classifier are built from it."""
+    try:
+        yield
+    except CheckFailed as err:
+        try:
+            _check_block(Block, hidden)
+        except NotImplementedError:
+            raise err
+        except CheckFailed as inner:
+            what, hint = _split(inner)
+            fail(_split(err)[0], f"{model_name} is built from your Block of exercise 1, which fails exercise 1's "
+                                 f"test: {what} {hint} Fix Block first; {model_name} itself may be right.")
+        raise
+
+
+def _position_tables(model, n_positions: int, d_model: int) -> tuple[dict, list[str]]:
+    """The model's state and the names of its positional tables: entries of shape
+    (n_positions, d_model) (the tests choose vocabulary sizes that differ from n_positions)."""
+    state = dict(model.state_dict())
+    names = [k for k, v in state.items() if isinstance(v, torch.Tensor) and v.is_floating_point()
+             and tuple(v.shape[-2:]) == (n_positions, d_model) and v.numel() == n_positions * d_model]
+    return state, names
+
+
+def _shifted_logits(model, state: dict, names: list[str], inputs: tuple, shift: float | None, run=None):
+    """``run(*inputs)`` (default: the model) after adding ``shift`` to every entry of the model's
+    positional tables (``None``: after setting them to zero); the weights are restored afterwards."""
+    moved = {k: ((v + shift if shift is not None else torch.zeros_like(v)) if k in names else v)
+             for k, v in state.items()}
+    model.load_state_dict(moved)
+    try:
+        with torch.no_grad():
+            return (run or model)(*inputs)
+    finally:
+        model.load_state_dict(state)
+
+
+def check_decoder_lm(build_lm, Block, hidden: bool = False) -> None:
+    _check_block(Block, hidden)
     rng = hidden_rng("decoder_lm")
     torch.manual_seed(71 if not hidden else hidden_seed("decoder_lm/init"))
-    vocab = 30 if not hidden else rng.randrange(20, 81)
+    vocab = 30 if not hidden else rng.choice([v for v in range(20, 81) if v != TINY_LM.block_size])
     model = call(build_lm, TINY_LM, vocab, name="build_lm").eval()
     g = generator(72) if not hidden else hidden_generator("decoder_lm")
     B, T = (3, TINY_LM.block_size) if not hidden else (rng.randrange(1, 5), rng.randrange(8, TINY_LM.block_size + 1))
@@ -55,8 +270,17 @@ def check_decoder_lm(build_lm, hidden: bool = False) -> None:
             changed = (model(y) - logits).abs().amax(dim=(0, 2))
         if changed[:t].max() > 1e-5:
             fail(f"changing the token at position {t} changed the logits at earlier positions.",
-                 "self-attention must be causal in a language model: pass is_causal=True (or a lower-triangular "
-                 "mask) so position t sees only positions <= t.")
+                 "self-attention must be causal in a language model: pass a lower-triangular boolean mask "
+                 "(torch.ones(T, T, dtype=torch.bool).tril()) as attn_mask, so position t sees only positions <= t.")
+    # Pre-LN blocks carry a constant added to the positional table to the end; the final
+    # LayerNorm removes it, so the logits must not move.
+    state, names = _position_tables(model, TINY_LM.block_size, TINY_LM.d_model)
+    if names:
+        moved = _shifted_logits(model, state, names, (x,), 2.0 if not hidden else rng.uniform(1.0, 3.0))
+        expect(same(moved, logits, atol=1e-4),
+               "adding the same number to every entry of the positional embedding changed the logits.",
+               "a Pre-LN stack never normalises its residual stream, so the model needs a final LayerNorm before "
+               "the output projection: logits = head(ln_f(x)).")
     # One causal layer without positions sees tokens 0..t as a set: swapping the first two
     # leaves every later output unchanged. (Deeper causal stacks can recover some order.)
     torch.manual_seed(73 if not hidden else hidden_seed("decoder_lm/shallow"))
@@ -64,175 +288,134 @@ def check_decoder_lm(build_lm, hidden: bool = False) -> None:
     swapped = x.clone()
     swapped[:, [0, 1]] = x[:, [1, 0]]
     with torch.no_grad():
-        same = (shallow(swapped)[:, 2:] - shallow(x)[:, 2:]).abs().max() < 1e-5
-    expect(not bool(same), "swapping the first two tokens left every later output unchanged.",
+        unchanged = (shallow(swapped)[:, 2:] - shallow(x)[:, 2:]).abs().max() < 1e-5
+    expect(not bool(unchanged), "swapping the first two tokens left every later output unchanged.",
            "the model has no sense of order: add a positional embedding to the token embedding.")
 
 # ----------------------------------------------------------------------------- exercise 2
 
-def _lr_oracle(step, max_lr, warmup, total):
+def _old_schedule(step, max_lr, warmup, total):
+    """The schedule this capstone used before chapter 5 existed: 0.1 * max_lr at total - 1."""
     if step < warmup:
         return max_lr * (step + 1) / warmup
     progress = min((step - warmup) / max(1, total - 1 - warmup), 1.0)
     return max_lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
 
 
-def check_lr_at(lr_at, hidden: bool = False) -> None:
-    cases = [(0, 1.0, 10, 100), (9, 1.0, 10, 100), (10, 1.0, 10, 100), (99, 1.0, 10, 100), (55, 2.0, 10, 100)]
-    if hidden:
-        rng = hidden_rng("lr_at")
-        cases += [(s, 3e-4, 7, 53) for s in range(53)]
-        for _ in range(2):
-            max_lr, warmup = float(f"{10 ** rng.uniform(-5, 0):.3g}"), rng.randrange(1, 30)
-            total = warmup + rng.randrange(2, 150)
-            cases += [(s, max_lr, warmup, total) for s in range(total)]
-    for step, max_lr, warmup, total in cases:
-        got = call(lr_at, step, max_lr, warmup, total)
-        want = _lr_oracle(step, max_lr, warmup, total)
-        if not math.isclose(got, want, rel_tol=1e-6, abs_tol=1e-12):
-            if step < warmup and math.isclose(got, max_lr * step / warmup, rel_tol=1e-6):
-                hint = "warm-up counts from step + 1: step 0 already uses max_lr / warmup_steps, never 0."
-            elif step < warmup:
-                hint = "during warm-up the rate rises linearly: max_lr * (step + 1) / warmup_steps."
-            elif math.isclose(got, max_lr * 0.5 * (1 + math.cos(math.pi * min((step - warmup) / max(1, total - 1 - warmup), 1))), rel_tol=1e-6):
-                hint = "the cosine decays to 0.1 * max_lr, not to 0: lr = 0.1*max_lr + 0.9*max_lr*(1 + cos(pi*p))/2."
-            else:
-                hint = "after warm-up, p = (step - warmup_steps) / (total_steps - 1 - warmup_steps) goes 0 -> 1 under the cosine."
-            fail(f"lr_at({step}, {max_lr}, {warmup}, {total}) = {got:.6g}, expected {want:.6g}.", hint)
-
-
-class _GroupsProbe(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.tok = nn.Embedding(11, 8)
-        self.ln = nn.LayerNorm(8)
-        self.fc = nn.Linear(8, 8)
-        self.head = nn.Linear(8, 11, bias=False)
-        self.head.weight = self.tok.weight
-
-
-class _GroupsDrawn(nn.Module):
-    """A model of drawn layout: embedding, Linear layers with or without bias, norms, maybe a tied head."""
-
-    def __init__(self, rng: random.Random):
-        super().__init__()
-        vocab, d = rng.randrange(5, 50), rng.randrange(2, 17)
-        self.tok = nn.Embedding(vocab, d)
-        layers: list[nn.Module] = [nn.Linear(d, d, bias=rng.random() < 0.5)]
-        for _ in range(rng.randrange(0, 4)):
-            layers.append(rng.choice([nn.Linear(d, d, bias=rng.random() < 0.5), nn.LayerNorm(d), nn.GELU()]))
-        rng.shuffle(layers)
-        self.body = nn.Sequential(*layers)
-        self.norm = nn.LayerNorm(d, bias=rng.random() < 0.5)
-        self.head = nn.Linear(d, vocab, bias=rng.random() < 0.3)
-        if rng.random() < 0.5 and self.head.bias is None:
-            self.head.weight = self.tok.weight
-
-
-def _check_groups(param_groups, model: nn.Module, wd: float, hidden: bool) -> None:
-    groups = call(param_groups, model, wd)
-    expect(isinstance(groups, list) and len(groups) == 2, "param_groups should return a list of two dicts.",
-           "return [{'params': [...], 'weight_decay': wd}, {'params': [...], 'weight_decay': 0.0}].")
-    decay = next((g for g in groups if g.get("weight_decay", 0) > 0), None)
-    plain = next((g for g in groups if g.get("weight_decay", 1) == 0), None)
-    expect(decay is not None and plain is not None, "one group needs weight_decay=wd and the other 0.0.",
-           "set 'weight_decay' in each group dict.")
-    if hidden:
-        expect(math.isclose(decay["weight_decay"], wd), f"the decayed group has weight_decay "
-               f"{decay['weight_decay']}, expected the weight_decay passed in, {wd}.",
-               "use the argument: {'params': [...], 'weight_decay': weight_decay}.")
-    decayed = {id(p) for p in decay["params"]}
-    all_ids = [id(p) for g in groups for p in g["params"]]
-    expect(len(all_ids) == len(set(all_ids)) == len(list(model.parameters())),
-           "every parameter must be in exactly one group, once.",
-           "a tied weight appears once in model.parameters(): build the groups from that list.")
-    linears = [m for m in model.modules() if isinstance(m, nn.Linear)]
+def _train_oracle(model, batches, steps, lr, min_lr, warmup, clip, wd, variant="ok"):
+    """Chapter 5's recipe with torch's AdamW and clip_grad_norm_; ``variant`` names one mistake."""
     embeddings = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)}
-    norms = {id(p) for m in model.modules() if isinstance(m, nn.LayerNorm) for p in m.parameters()}
-    biases = {id(m.bias) for m in linears if m.bias is not None}
-    if decayed & (norms | biases):
-        fail("LayerNorm weights or biases are in the decayed group.",
-             "decay only the weights of nn.Linear layers; norms and biases should not shrink toward zero.")
-    if decayed & embeddings:
-        fail("the (tied) embedding table is decayed.", "embeddings get no weight decay, even when tied to the head.")
-    expect(decayed == {id(m.weight) for m in linears} - embeddings,
-           "the decayed group should hold exactly the untied Linear weights.",
-           "collect m.weight for every nn.Linear m, minus the embedding weights.")
-
-
-def check_param_groups(param_groups, hidden: bool = False) -> None:
-    _check_groups(param_groups, _GroupsProbe(), 0.1, hidden)
-    if hidden:
-        rng = hidden_rng("param_groups")
-        for _ in range(4):
-            _check_groups(param_groups, _GroupsDrawn(rng), float(f"{rng.uniform(0.01, 0.5):.3g}"), hidden)
-
-
-def _train_oracle(model, batches, steps, lr, warmup, clip, zero_grad=True, use_clip=True, schedule=True):
-    decay = {id(m.weight) for m in model.modules() if isinstance(m, nn.Linear)}
+    decay = {id(m.weight) for m in model.modules() if isinstance(m, nn.Linear)} - embeddings
     params = list(model.parameters())
-    opt = torch.optim.AdamW([{"params": [p for p in params if id(p) in decay], "weight_decay": 0.1},
+    opt = torch.optim.AdamW([{"params": [p for p in params if id(p) in decay], "weight_decay": wd},
                              {"params": [p for p in params if id(p) not in decay], "weight_decay": 0.0}],
                             lr=lr, betas=(0.9, 0.95))
+    schedules = {"no_schedule": lambda s: lr, "no_floor": lambda s: ch05._lr_oracle(s, lr, 0.0, warmup, steps),
+                 "old_schedule": lambda s: _old_schedule(s, lr, warmup, steps)}
+    rate = schedules.get(variant, lambda s: ch05._lr_oracle(s, lr, min_lr, warmup, steps))
     losses = []
     for step in range(steps):
         for group in opt.param_groups:
-            group["lr"] = _lr_oracle(step, lr, warmup, steps) if schedule else lr
+            group["lr"] = rate(step)
+            if variant == "default_decay" and group["weight_decay"] > 0:
+                group["weight_decay"] = 0.1
         x, y = batches[step]
         loss = F.mse_loss(model(x), y)
-        if zero_grad:
+        if variant != "no_zero_grad":
             opt.zero_grad()
         loss.backward()
-        if use_clip:
+        if variant != "no_clip":
             torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
         opt.step()
         losses.append(loss.item())
     return losses
 
 
-def check_train(train, hidden: bool = False) -> None:
-    rng = hidden_rng("train")
-    seed = 81 if not hidden else hidden_seed("train/init")
+_TRAIN_VARIANTS = [
+    ("no_clip", "gradients were not clipped: after backward, clipped, _ = clip_grad_norm([p.grad ...], clip), then "
+                "p.grad = g for each parameter, before step."),
+    ("no_zero_grad", "gradients accumulate across steps: call optimizer.zero_grad() every step, before backward."),
+    ("no_schedule", "the learning rate never changed: set group['lr'] = lr_at(step, lr, min_lr, warmup_steps, steps) "
+                    "for every param group at every step."),
+    ("no_floor", "the cosine decayed to 0: pass min_lr to lr_at (lr_at(step, lr, min_lr, warmup_steps, steps)); the "
+                 "profile sets the floor explicitly."),
+    ("old_schedule", "the rate reached its floor at steps - 1 with a 0.1 * lr floor: use lr_at(step, lr, min_lr, "
+                     "warmup_steps, steps), chapter 5's schedule, with the min_lr passed in."),
+    ("default_decay", "the weight decay was not the weight_decay passed in: give it to param_groups(model, "
+                      "weight_decay)."),
+]
+
+
+class _TrainProbe(nn.Module):
+    """Embedding, Linear layers with biases, a LayerNorm and a tied output layer: every kind of
+    parameter that param_groups sorts. ids (B, T) -> logits (B, T, V)."""
+
+    def __init__(self, vocab: int, d: int, hidden: int):
+        super().__init__()
+        self.tok = nn.Embedding(vocab, d)
+        self.fc = nn.Linear(d, hidden)
+        self.out = nn.Linear(hidden, d)
+        self.norm = nn.LayerNorm(d)
+        self.head = nn.Linear(d, vocab, bias=False)
+        self.head.weight = self.tok.weight
+
+    def forward(self, ids):
+        x = self.tok(ids)                                     # (B, T, d)
+        return self.head(self.norm(x + self.out(F.gelu(self.fc(x)))))
+
+
+def check_train(train, lr_at, param_groups, clip_grad_norm, hidden: bool = False) -> None:
+    rng = hidden_rng("capstone/train")
+    seed = 81 if not hidden else hidden_seed("capstone/train/init")
     if not hidden:
-        steps, lr, warmup, clip = 12, 0.05, 3, 0.5
-        n_batch, n_in, n_hidden, n_out = 16, 4, 8, 2
+        steps, lr, min_lr, warmup, clip, wd = 12, 0.05, 0.005, 3, 0.5, 0.1
+        n_batch, T, vocab, d, width = 6, 5, 11, 8, 16
     else:
-        # Targets of size 10 give gradient norms far above clip <= 0.5, so clipping always matters.
-        steps, lr, warmup, clip = rng.randrange(10, 21), rng.uniform(0.01, 0.05), rng.randrange(1, 6), rng.uniform(0.1, 0.5)
-        n_batch, n_in, n_hidden, n_out = rng.randrange(8, 17), rng.randrange(2, 7), rng.randrange(4, 13), rng.randrange(1, 4)
-    g = generator(seed) if not hidden else hidden_generator("train/batches")
-    batches = [(torch.randn(n_batch, n_in, generator=g), torch.randn(n_batch, n_out, generator=g) * 10)
+        steps, lr, warmup = rng.randrange(10, 21), rng.uniform(0.01, 0.05), rng.randrange(1, 6)
+        min_lr, clip, wd = lr * rng.choice([0.05, 0.1, 0.3]), rng.uniform(0.05, 0.5), rng.uniform(0.02, 0.3)
+        n_batch, T, vocab, d, width = rng.randrange(3, 9), rng.randrange(3, 8), rng.randrange(7, 20), \
+            rng.randrange(4, 13), rng.randrange(8, 25)
+    g = generator(seed) if not hidden else hidden_generator("capstone/train/batches")
+    # Targets: logits far from their size-10 targets give gradient norms far above clip <= 0.5.
+    batches = [(torch.randint(0, vocab, (n_batch, T), generator=g), torch.randn(n_batch, T, vocab, generator=g) * 10)
                for _ in range(steps)]
 
     def fresh():
         torch.manual_seed(seed)
-        return nn.Sequential(nn.Linear(n_in, n_hidden), nn.LayerNorm(n_hidden), nn.Linear(n_hidden, n_out))
+        return _TrainProbe(vocab, d, width)
 
     student = fresh()
-    losses = call(train, student, lambda step: batches[step], lambda m, x, y: F.mse_loss(m(x), y), steps, lr, warmup,
-                  "cpu", use_bf16=False, clip=clip, progress=False, name="train")
-    expect(isinstance(losses, list) and len(losses) == steps, f"train should return a list of {steps} losses.",
-           "append loss.item() once per step.")
+    try:
+        with forbid(*ch05._CLIP_BUILTINS, exercise="global-norm clipping"):
+            losses = call(train, student, lambda step: batches[step], lambda m, x, y: F.mse_loss(m(x), y), steps, lr,
+                          min_lr, warmup, "cpu", use_bf16=False, weight_decay=wd, clip=clip, progress=False,
+                          name="train")
+    except CheckFailed as err:
+        if "was called, but this exercise asks" not in str(err):
+            raise
+        fail(f"train called PyTorch's clipping ({_split(err)[0].split(' was called')[0]}).",
+             "train must clip with your clip_grad_norm from exercise 0 (chapter 5), not PyTorch's: clipped, _ = "
+             "clip_grad_norm([p.grad for the parameters that have one], clip), then p.grad = g.")
+    tools = dict(lr_at=lr_at, param_groups=param_groups, clip_grad_norm=clip_grad_norm)
+    with _blaming("train", tools, hidden):
+        expect(isinstance(losses, list) and len(losses) == steps, f"train should return a list of {steps} losses.",
+               "append loss.item() once per step.")
     want = fresh()
-    want_losses = _train_oracle(want, batches, steps, lr, warmup, clip)
+    want_losses = _train_oracle(want, batches, steps, lr, min_lr, warmup, clip, wd)
     got_params = torch.cat([p.detach().flatten() for p in student.parameters()])
     want_params = torch.cat([p.detach().flatten() for p in want.parameters()])
     if torch.allclose(got_params, want_params, atol=1e-5) and torch.allclose(torch.tensor(losses),
                                                                                torch.tensor(want_losses), atol=1e-4):
         return
-    for variant, hint in [(dict(use_clip=False), "gradients were not clipped: call "
-                           "torch.nn.utils.clip_grad_norm_(model.parameters(), clip) after backward, before step."),
-                          (dict(zero_grad=False), "gradients accumulate across steps: call optimizer.zero_grad() "
-                           "every step, before backward."),
-                          (dict(schedule=False), "the learning rate never changed: set group['lr'] = lr_at(step, ...) "
-                           "for every param group at every step.")]:
+    _blame_tools("train", tools, hidden, "after training a small model, its weights differ from chapter 5's recipe.")
+    for variant, hint in _TRAIN_VARIANTS:
         other = fresh()
-        _train_oracle(other, batches, steps, lr, warmup, clip, **variant)
+        _train_oracle(other, batches, steps, lr, min_lr, warmup, clip, wd, variant)
         if torch.allclose(got_params, torch.cat([p.detach().flatten() for p in other.parameters()]), atol=1e-5):
-            fail("after training a small model, its weights differ from the expected run.", hint)
-    fail("after training a small model, its weights differ from the expected run.",
-         "use AdamW(param_groups(model, weight_decay), betas=(0.9, 0.95)), lr_at for the rate, "
-         "zero_grad, backward, clip_grad_norm_, step, in that order.")
+            fail("after training a small model, its weights differ from chapter 5's recipe.", hint)
+    fail("after training a small model, its weights differ from chapter 5's recipe.",
+         "use AdamW(param_groups(model, weight_decay), betas=(0.9, 0.95)), lr_at(step, lr, min_lr, warmup_steps, "
+         "steps) for the rate, then zero_grad, backward, clip_grad_norm, step, in that order.")
 
 # ----------------------------------------------------------------------------- exercise 3
 
@@ -265,7 +448,13 @@ class _ConstantLM(nn.Module):
         return self.logits.expand(ids.shape[0], ids.shape[1], -1).clone()
 
 
-def check_generate(generate, hidden: bool = False) -> None:
+def check_generate(generate, sample_next_token, process_logits, hidden: bool = False) -> None:
+    """generate's own behaviour; when it fails, the sampler it calls (chapter 6) is checked first."""
+    with _blaming("generate", dict(process_logits=process_logits, sample_next_token=sample_next_token), hidden):
+        _check_generate(generate, hidden)
+
+
+def _check_generate(generate, hidden: bool) -> None:
     vocab, block = 10, 4
     model = _ScriptedLM(vocab, block)
     prompt = torch.tensor([[3, 4, 5]])
@@ -280,7 +469,7 @@ def check_generate(generate, hidden: bool = False) -> None:
     expect(torch.equal(out[:, :3], prompt), "the output must start with the prompt.", "concatenate new ids after it.")
     expect(out[0, 3:].tolist() == [6, 7, 8, 9, 0, 1, 2, 3],
            f"with top_k=1 the continuation should be the argmax chain 6, 7, 8, ...; got {out[0, 3:].tolist()}.",
-           "keep only the top_k logits (set the rest to -inf) before softmax, and sample from the last position.")
+           "draw from the last position's logits: model(ids[:, -block_size:])[:, -1, :], with top_k passed on.")
     # Temperature: sample many tokens from fixed logits and compare the frequency of the top one.
     flat = _ConstantLM(torch.tensor([2.0, 1.0] + [0.0] * 8))
     for temperature in (0.5, 2.0):
@@ -291,15 +480,15 @@ def check_generate(generate, hidden: bool = False) -> None:
         expect(abs(share - want) < 0.04,
                f"at temperature {temperature} the most likely token was sampled {share:.1%} of the time, "
                f"expected {want:.1%}.",
-               "divide the logits by temperature before softmax (not the probabilities after it).")
+               "pass temperature on to sample_next_token(logits, generator, temperature, top_k).")
     a = call(generate, model, prompt, 20, block, 1.0, None, generator(91))
     b = call(generate, model, prompt, 20, block, 1.0, None, generator(91))
     expect(torch.equal(a, b), "two runs with generators of the same seed gave different samples.",
-           "pass generator=generator to torch.multinomial.")
+           "pass the generator on: sample_next_token(logits, generator, temperature, top_k).")
     cold = call(generate, model, prompt, 30, block, 0.05, None, generator(92))
     expect((cold[0, 3:] == (cold[0, 2:-1] + 1) % vocab).float().mean() > 0.95,
            "at temperature 0.05 sampling should almost always pick the most likely token.",
-           "divide the logits by temperature before softmax (not the probabilities).")
+           "pass temperature on to sample_next_token(logits, generator, temperature, top_k).")
     if hidden:
         _check_generate_drawn(generate)
 
@@ -323,31 +512,37 @@ def _check_generate_drawn(generate) -> None:
     chain = [(int(prompt[0, -1]) + 1 + i) % vocab for i in range(n_new)]
     expect(out[0, P:].tolist() == chain,
            f"with top_k=1 the continuation should be the argmax chain {chain[:3]}, ...; got {out[0, P:].tolist()}.",
-           "keep only the top_k logits (set the rest to -inf) before softmax, and sample from the last position.")
+           "draw from the last position's logits: model(ids[:, -block_size:])[:, -1, :], with top_k passed on.")
     # top_k=2: after token t only (t + 1) % vocab and 0 may follow (unless (t + 1) % vocab is 0 itself: ties).
     two = call(generate, model, prompt, 60, block, rng.uniform(0.5, 3.0), 2, hidden_generator("generate/top2"))[0]
     for prev, nxt in zip(two[P - 1:-1].tolist(), two[P:].tolist()):
         if (prev + 1) % vocab != 0 and nxt not in ((prev + 1) % vocab, 0):
             fail(f"with top_k=2 the token {nxt} followed {prev}, but only {(prev + 1) % vocab} and 0 had the two "
-                 f"largest logits.", "keep only the top_k logits (set the rest to -inf) before softmax.")
+                 f"largest logits.", "pass top_k on to sample_next_token(logits, generator, temperature, top_k).")
     seed = rng.randrange(2 ** 31)
     a = call(generate, model, prompt, 20, block, 1.0, None, generator(seed))
     b = call(generate, model, prompt, 20, block, 1.0, None, generator(seed))
     expect(torch.equal(a, b), "two runs with generators of the same seed gave different samples.",
-           "pass generator=generator to torch.multinomial.")
+           "pass the generator on: sample_next_token(logits, generator, temperature, top_k).")
     # At temperature 5 every token has probability >= 1/12 at each step: 400 samples reach all of them
     # except with probability below 1e-13.
     hot = call(generate, _ScriptedLM(10, 4), torch.tensor([[3, 4, 5]]), 400, 4, 5.0, None,
                hidden_generator("generate/hot"))
     expect(len(set(hot[0].tolist())) == 10, "at temperature 5 sampling should reach every token.",
-           "divide the logits by temperature: a high temperature flattens the distribution.")
+           "pass temperature on to sample_next_token: a high temperature flattens the distribution.")
 
 # ----------------------------------------------------------------------------- exercise 4
 
-def check_seq2seq(build_g2p, hidden: bool = False) -> None:
+def check_seq2seq(build_g2p, Block, hidden: bool = False) -> None:
+    with _block_first(Block, "Seq2Seq", hidden):
+        _check_seq2seq(build_g2p, hidden)
+
+
+def _check_seq2seq(build_g2p, hidden: bool) -> None:
     rng = hidden_rng("seq2seq")
     torch.manual_seed(101 if not hidden else hidden_seed("seq2seq/init"))
-    src_vocab, tgt_vocab = (20, 15) if not hidden else (rng.randrange(8, 41), rng.randrange(6, 31))
+    src_vocab, tgt_vocab = (20, 15) if not hidden else (rng.choice([v for v in range(8, 41) if v != S2S_MAX_LEN]),
+                                                        rng.choice([v for v in range(6, 31)]))
     model = call(build_g2p, TINY_S2S, src_vocab, tgt_vocab, name="build_g2p").eval()
     g = generator(102) if not hidden else hidden_generator("seq2seq")
     B, S, T, n_pad = (2, 7, 6, 5) if not hidden else (rng.randrange(1, 4), rng.randrange(3, 11), rng.randrange(5, 9),
@@ -360,12 +555,25 @@ def check_seq2seq(build_g2p, hidden: bool = False) -> None:
     with torch.no_grad():
         logits = call(model, src, tgt, name="Seq2Seq.forward")
     expect_tensor(logits, (B, T, tgt_vocab), "Seq2Seq logits")
+    expect(_tied(model), "the output projection does not share the phoneme embedding's weight.",
+           "tie them: self.head.weight = self.tgt_tok.weight (the target-side embedding).")
+    with torch.no_grad():
+        memory, memory_mask = call(model.encode, src, name="Seq2Seq.encode")
+        last = src.clone()
+        last[:, -1] = (last[:, -1] + 1 - 3) % (src_vocab - 3) + 3
+        memory_last, _ = model.encode(last)
+    expect_tensor(memory, (B, S, TINY_S2S.d_model), "encode's memory")
+    expect((memory_last[:, 0] - memory[:, 0]).abs().max() > 1e-5,
+           "changing the last letter of the source left the encoder's output at the first letter unchanged.",
+           "the encoder reads the whole word: its blocks are not causal (Block(..., causal=False)); only the "
+           "decoder's self-attention is.")
     changed = tgt.clone()
     changed[:, 4] = (changed[:, 4] + 1 - 3) % (tgt_vocab - 3) + 3
     with torch.no_grad():
         diff = (model(src, changed) - logits).abs().amax(dim=(0, 2))
     expect(diff[:4].max() < 1e-5, "changing target token 4 changed the decoder's outputs at positions 0-3.",
-           "the decoder's self-attention must be causal (is_causal=True); cross-attention needs no causal mask.")
+           "the decoder's self-attention must be causal (causal=True: the lower-triangular mask); "
+           "cross-attention needs no causal mask.")
     padded = torch.cat([src, torch.full((B, n_pad), data.PAD)], dim=1)
     with torch.no_grad():
         diff = (model(padded, tgt) - logits).abs().max()
@@ -376,6 +584,20 @@ def check_seq2seq(build_g2p, hidden: bool = False) -> None:
         other = model(src.flip(1), tgt)
     expect((other - logits).abs().max() > 1e-4, "reversing the source left the outputs unchanged.",
            "the encoder needs positional embeddings too.")
+    # Pre-LN blocks carry a constant added to the positional tables along the residual stream;
+    # the encoder's and the decoder's final LayerNorms remove it.
+    state, names = _position_tables(model, S2S_MAX_LEN, TINY_S2S.d_model)
+    if names:
+        shift = 2.0 if not hidden else rng.uniform(1.0, 3.0)
+        moved_memory = _shifted_logits(model, state, names, (src,), shift, run=model.encode)[0]
+        expect(same(moved_memory, memory, atol=1e-4),
+               "adding the same number to every entry of the positional embedding changed encode's memory.",
+               "the encoder's blocks are Pre-LN, so its output needs a final LayerNorm: return ln_enc(x), mask.")
+        moved = _shifted_logits(model, state, names, (src, tgt), shift)
+        expect(same(moved, logits, atol=1e-4),
+               "adding the same number to every entry of the positional embedding changed the logits.",
+               "the decoder's blocks are Pre-LN, so the logits need a final LayerNorm before the output "
+               "projection: head(ln_dec(x)).")
 
 # ----------------------------------------------------------------------------- exercise 5
 
@@ -486,9 +708,12 @@ def _greedy_rows(greedy_decode, model, src, max_len: int, want_first: int | None
         if want_first is not None:
             expect(row[:1] == [want_first], f"greedy decoding should take the most likely first token; got {row}.",
                    "take argmax over the last position's logits at each step.")
-        if want is not None:
-            expect(row == want[i], f"greedy decoding of row {i} gave {row}, expected the most likely path {want[i]}.",
-                   "take argmax over the last position's logits at each step.")
+        if want is not None and row != want[i]:
+            hint = "take argmax over the last position's logits at each step."
+            if len(row) < len(want[i]) and row == want[i][:len(row)]:
+                hint = ("this row stopped before its own EOS: keep decoding until every row has produced EOS (or "
+                        "max_len is reached), then cut each row at its first EOS.")
+            fail(f"greedy decoding of row {i} gave {row}, expected the most likely path {want[i]}.", hint)
 
 
 def check_greedy_decode(greedy_decode, hidden: bool = False) -> None:
@@ -500,7 +725,14 @@ def check_greedy_decode(greedy_decode, hidden: bool = False) -> None:
         src = torch.randint(3, trap.vocab, (rng.randrange(1, 5), rng.randrange(1, 9)), generator=g)
         _greedy_rows(greedy_decode, trap, src, rng.randrange(3, 25), want_first=trap.A)
         max_len = rng.randrange(8, 25)
-        paths = _PathsSeq2Seq(rng, g, rng.randrange(1, 6), rng.randrange(10, 41), max_len)
+        paths = _PathsSeq2Seq(rng, g, rng.randrange(2, 6), rng.randrange(10, 41), max_len)
+        # Rows must end at least two steps apart: a row cut one step early (before its EOS) looks whole.
+        longest = max(range(len(paths.paths)), key=lambda r: len(paths.paths[r]))
+        other = (longest + 1) % len(paths.paths)
+        if len(paths.paths[longest]) < 2:
+            paths.paths[longest] = paths.paths[longest] + [3, 4]
+        if len(paths.paths[longest]) - min(map(len, paths.paths)) < 2:
+            paths.paths[other] = paths.paths[other][:len(paths.paths[longest]) - 2]
         _greedy_rows(greedy_decode, paths, paths.src, max_len, want=paths.paths)
 
 
@@ -521,10 +753,99 @@ def _beam_trap(beam_search, greedy_decode, model, src, max_len: int, beam_size: 
            "score = sum of log-probabilities / number of generated tokens, EOS included.")
 
 
-def check_beam_search(beam_search, greedy_decode, hidden: bool = False) -> None:
+class _TableSeq2Seq(nn.Module):
+    """Next-token probabilities looked up by prefix (BOS first): ``table[prefix] = {id: p}``; the
+    rest of the mass is spread evenly over the other ids (never PAD or BOS). A prefix not in
+    the table ends: EOS with probability ``end``. The source is ignored."""
+
+    def __init__(self, vocab: int, table: dict, end: float = 0.6):
+        super().__init__()
+        self.vocab, self.table, self.end = vocab, table, end
+
+    def _row(self, prefix: tuple) -> torch.Tensor:
+        chosen = self.table.get(prefix, {data.EOS: self.end})
+        others = [i for i in range(3, self.vocab) if i not in chosen] + ([data.EOS] if data.EOS not in chosen else [])
+        row = torch.full((self.vocab,), 1e-9)
+        for i in others:
+            row[i] = (1 - sum(chosen.values())) / len(others)
+        for i, p in chosen.items():
+            row[i] = p
+        return row
+
+    def encode(self, src):
+        return torch.zeros(src.shape[0], 1, 1), torch.ones(src.shape[0], 1, 1, 1, dtype=torch.bool)
+
+    def decode(self, tgt_in, memory, mask):
+        rows = [[self._row(tuple(r[: t + 1])) for t in range(len(r))] for r in tgt_in.tolist()]
+        return torch.stack([torch.stack(r) for r in rows]).log()              # (B, T, vocab)
+
+    def forward(self, src, tgt_in):
+        return self.decode(tgt_in, *self.encode(src))
+
+
+def _length_trap(rng: random.Random | None) -> tuple[_TableSeq2Seq, list[int], list[int], int, int]:
+    """A model where the best hypothesis by mean log-probability is long ([Y, chain...]) and the
+    best by summed log-probability is short ([X]): (model, long, short, beam_size, max_len).
+    Both facts are verified with chapter 6's beam search oracle before the trap is used."""
+    for _ in range(200):
+        if rng is None:
+            vocab, m, beam, (X, Y, *chain) = 12, 2, 2, [3, 4, 5, 6]
+            px, e, py, q = 0.5, 0.5, 0.22, 0.96
+        else:
+            vocab, m, beam = rng.randrange(12, 31), rng.randrange(1, 4), rng.randrange(2, 5)
+            X, Y, *chain = rng.sample(range(3, vocab), 2 + m)
+            px, e = rng.uniform(0.45, 0.6), rng.uniform(0.45, 0.6)
+            py, q = rng.uniform(0.12, 0.3), rng.uniform(0.9, 0.98)
+        B = data.BOS
+        table = {(B,): {X: px, Y: py}, (B, X): {data.EOS: e}}
+        prefix = (B, Y)
+        for token in chain + [data.EOS]:
+            table[prefix] = {token: q}
+            prefix += (token,)
+        model = _TableSeq2Seq(vocab, table)
+        max_len = m + 3 + (0 if rng is None else rng.randrange(0, 4))
+
+        def step_fn(prefixes, model=model):
+            return model.decode(prefixes, None, None)[:, -1]
+
+        best = ch06._beam_oracle(step_fn, B, data.EOS, beam, max_len, 1.0)[0][0]
+        raw = ch06._beam_oracle(step_fn, B, data.EOS, beam, max_len, 1.0, "no_norm")[0][0]
+        greedy = ch06._beam_oracle(step_fn, B, data.EOS, 1, max_len, 1.0)[0][0]
+        if best == [Y] + chain + [data.EOS] and raw == [X, data.EOS] and greedy == [X, data.EOS]:
+            return model, [Y] + chain, [X], beam, max_len
+    raise RuntimeError("could not draw a length trap")   # pragma: no cover - the draws above always succeed
+
+
+def _check_length_trap(beam_search, greedy_decode, rng) -> None:
+    model, long, short, beam_size, max_len = _length_trap(rng)
+    src = torch.full((1, 3), 3)
+    one = call(beam_search, model, src, 1, max_len, name="beam_search")
+    greedy = call(greedy_decode, model, src, max_len)[0]
+    expect(list(one) == list(greedy), f"beam_size=1 gave {list(one)}, greedy gave {list(greedy)}.",
+           "with one beam, beam search must reduce to greedy decoding.")
+    best = [int(i) for i in call(beam_search, model, src, beam_size, max_len, name="beam_search")]
+    if best == short:
+        fail(f"beam_size={beam_size} returned the short hypothesis {short} (2 tokens with EOS) instead of {long} "
+             f"({len(long) + 1} tokens), whose mean log-probability per token is higher.",
+             "the hypotheses were ranked by their summed log-probability, which favours short ones: rank them by "
+             "sum / number of generated tokens (EOS included): beam_search_core(..., length_penalty=1.0), and return "
+             "its first (best) hypothesis.")
+    expect(best == long, f"beam_size={beam_size} returned {best}, expected {long}.",
+           "return the first hypothesis of beam_search_core(step_fn, BOS, EOS, beam_size, max_len, 1.0), "
+           "without its EOS.")
+
+
+def check_beam_search(beam_search, greedy_decode, beam_search_core, hidden: bool = False) -> None:
+    """beam_search's own behaviour; when it fails, chapter 6's beam search it calls is checked first."""
+    with _blaming("beam_search", dict(beam_search_core=beam_search_core), hidden):
+        _check_beam_search(beam_search, greedy_decode, hidden)
+
+
+def _check_beam_search(beam_search, greedy_decode, hidden: bool) -> None:
     _beam_trap(beam_search, greedy_decode, _ScriptedSeq2Seq(), torch.ones(1, 4, dtype=torch.long), 10, 2)
+    _check_length_trap(beam_search, greedy_decode, None if not hidden else hidden_rng("capstone/beam_search/length"))
     if hidden:
-        rng, g = hidden_rng("beam_search"), hidden_generator("beam_search")
+        rng, g = hidden_rng("capstone/beam_search"), hidden_generator("capstone/beam_search")
         trap = _DrawnTrap(rng)
         src = torch.randint(3, trap.vocab, (1, rng.randrange(1, 9)), generator=g)
         _beam_trap(beam_search, greedy_decode, trap, src, rng.randrange(4, 25), rng.choice([2, 3]))
@@ -540,10 +861,16 @@ def check_beam_search(beam_search, greedy_decode, hidden: bool = False) -> None:
 
 # ----------------------------------------------------------------------------- exercise 6
 
-def check_classifier(build_classifier, hidden: bool = False) -> None:
+def check_classifier(build_classifier, Block, hidden: bool = False) -> None:
+    with _block_first(Block, "EncoderClassifier", hidden):
+        _check_classifier(build_classifier, hidden)
+
+
+def _check_classifier(build_classifier, hidden: bool) -> None:
     rng = hidden_rng("classifier")
     torch.manual_seed(111 if not hidden else hidden_seed("classifier/init"))
-    vocab, n_classes = (40, 6) if not hidden else (rng.randrange(10, 61), rng.randrange(2, 9))
+    vocab, n_classes = (40, 6) if not hidden else (rng.choice([v for v in range(10, 61) if v != TINY_CLS.max_words]),
+                                                   rng.randrange(2, 9))
     model = call(build_classifier, TINY_CLS, vocab, n_classes, name="build_classifier").eval()
     g = generator(112) if not hidden else hidden_generator("classifier")
     # n + 2 < max_words: the two inputs below differ in their number of PAD tokens.
@@ -563,6 +890,58 @@ def check_classifier(build_classifier, hidden: bool = False) -> None:
         shuffled = model(torch.cat([ids.flip(1), padded[:, n:]], dim=1))
     expect((shuffled - logits).abs().max() > 1e-4, "reversing the words left the logits unchanged.",
            "add positional embeddings: without them the encoder cannot see word order.")
+    state, names = _position_tables(model, TINY_CLS.max_words, TINY_CLS.d_model)
+    if names:
+        moved = _shifted_logits(model, state, names, (padded,), 2.0 if not hidden else rng.uniform(1.0, 3.0))
+        expect(same(moved, logits, atol=1e-4),
+               "adding the same number to every entry of the positional embedding changed the logits.",
+               "the Pre-LN blocks pass that constant along the residual stream: apply the final LayerNorm to the "
+               "encoder's states before pooling them.")
+    _check_pooling(build_classifier, vocab, n_classes, hidden, rng)
+    if names:
+        # Without positions, attention over all words and the mean over them ignore word order.
+        flipped = torch.cat([ids.flip(1), padded[:, n:]], dim=1)
+        plain, reversed_ = (_shifted_logits(model, state, names, (batch,), None) for batch in (padded, flipped))
+        expect(same(reversed_, plain, atol=1e-4),
+               "with the positional table set to zero, reversing the words changed the logits.",
+               "the encoder's blocks must not be causal (Block(..., causal=False)): in a classifier every word "
+               "attends to every real word, before and after it.")
+
+
+def _check_pooling(build_classifier, vocab: int, n_classes: int, hidden: bool, rng: random.Random) -> None:
+    """With no blocks (n_layers=0) each final state depends on its own word only, so the mean
+    over n real words moves by exactly 1/n of what the first word alone moves it."""
+    torch.manual_seed(113 if not hidden else hidden_seed("classifier/pooling"))
+    flat = call(build_classifier, dataclasses.replace(TINY_CLS, n_layers=0), vocab, n_classes,
+                name="build_classifier").eval()
+    g = generator(114) if not hidden else hidden_generator("classifier/pooling")
+    n = 5 if not hidden else rng.randrange(3, TINY_CLS.max_words - 1)
+    a, b = (torch.randperm(vocab - 2, generator=g)[:2] + 2).tolist()
+    rest = torch.randint(2, vocab, (n - 1,), generator=g)
+    later = rest.clone()
+    later[-1] = (later[-1] - 2 + 1) % (vocab - 2) + 2
+
+    def row(words):
+        return list(words) + [data.PAD] * (TINY_CLS.max_words - len(words))
+
+    batch = torch.tensor([row([a] + rest.tolist()), row([b] + rest.tolist()), row([a]), row([b]),
+                          row([a] + later.tolist())])
+    with torch.no_grad():
+        out = call(flat, batch, name="EncoderClassifier.forward").double()
+    if (out[4] - out[0]).abs().max() < 1e-6:
+        fail(f"changing the last of {n} words left the logits unchanged (a classifier with no blocks).",
+             "the logits were read from the first position only: pool the mean of the final states over all real "
+             "(non-PAD) positions.")
+    both, alone = out[0] - out[1], out[2] - out[3]
+    if not torch.allclose(both * n, alone, atol=1e-4, rtol=1e-3):
+        if torch.allclose(both, alone, atol=1e-4, rtol=1e-3):
+            hint = ("the real positions were summed, not averaged: divide the sum by their number, "
+                    "(ids != PAD).sum(1, keepdim=True).")
+        else:
+            hint = ("pool the mean over the real positions only: (states * mask).sum(1) / mask.sum(1), with "
+                    "mask = (ids != PAD)[..., None].")
+        fail(f"with no blocks, changing the first of {n} words moved the logits by {float(both.abs().max()):.3g}, "
+             f"expected 1/{n} of what it does alone ({float(alone.abs().max() / n):.3g}).", hint)
 
 # ----------------------------------------------------------------------------- grading the trained models
 
@@ -582,7 +961,7 @@ def _trained(model, exercises: str):
 
 
 def grade_lm(model, generate) -> None:
-    model = _trained(model, "1-3")
+    model = _trained(model, "0-3")
     profile, device = current_profile(), get_device()
     cfg = profile.lm
     model = model.to(device)
@@ -614,7 +993,7 @@ def g2p_predictions(model, greedy_decode, beam_search, words, beam_words, beam_s
 def grade_g2p(model, greedy_decode, beam_search) -> None:
     from ..data.cmudict import load_g2p
 
-    model = _trained(model, "4-5")
+    model = _trained(model, "0-2, 4 and 5")
     profile, device = current_profile(), get_device()
     cfg = profile.g2p
     model = model.to(device).eval()
@@ -641,7 +1020,7 @@ def classifier_predictions(model, ids: torch.Tensor, device) -> torch.Tensor:
 
 
 def grade_classifier(model) -> None:
-    model = _trained(model, "6")
+    model = _trained(model, "0-2 and 6")
     profile, device = current_profile(), get_device()
     cfg = profile.cls
     ids, labels = data.classifier_tensors("test", cfg.passage_chars, cfg.max_words)

@@ -1,14 +1,98 @@
 """Capstone: common mistakes in the parts. Each fails its unit test cells with its hint
 in-process; the end-to-end grading run takes only those marked e2e, because every capstone
-submission also trains three models (the grading path is the same for all of them)."""
+submission also trains three models (the grading path is the same for all of them).
+
+A wrong tool brought from chapters 5 and 6 (exercise 0) is registered twice: once for the
+tools' own test cells, with its chapter's hint, and once for the exercise that calls it,
+whose hint must name the tool and its chapter."""
 
 from functools import partial
 
 from notebook_tools import Mistake as _Mistake
 
 Mistake = partial(_Mistake, e2e=False)
+TOOLS = ("tools_visible", "tools_hidden")
+EX2 = ("ex2_visible", "ex2_hidden")
+
+_PRE_LN = """        q, k, v = self.qkv(self.ln_1(x)).chunk(3, dim=-1)
+        x = x + self.proj(self.attend(q, k, v, mask=pad_mask, causal=self.causal))
+        if self.cross:
+            k, v = self.kv_x(memory).chunk(2, dim=-1)
+            x = x + self.proj_x(self.attend(self.q_x(self.ln_x(x)), k, v, mask=memory_mask))
+        return x + self.mlp(self.ln_2(x))"""
+_POST_LN = """        q, k, v = self.qkv(x).chunk(3, dim=-1)
+        x = self.ln_1(x + self.proj(self.attend(q, k, v, mask=pad_mask, causal=self.causal)))
+        if self.cross:
+            k, v = self.kv_x(memory).chunk(2, dim=-1)
+            x = self.ln_x(x + self.proj_x(self.attend(self.q_x(x), k, v, mask=memory_mask)))
+        return self.ln_2(x + self.mlp(x))"""
+# from the end of Block.forward to the end of DecoderLM.forward: the blocks become Post-LN and
+# the model loses its final LayerNorm
+_LM_BETWEEN = '''
+
+class DecoderLM(nn.Module):
+    """Decoder-only language model: ids (B, T) -> logits (B, T, vocab_size)."""
+
+    def __init__(self, cfg, vocab_size: int):
+        super().__init__()
+        self.block_size = cfg.block_size
+        self.tok = nn.Embedding(vocab_size, cfg.d_model)
+        self.pos = nn.Embedding(cfg.block_size, cfg.d_model)
+        self.blocks = nn.ModuleList(Block(cfg.d_model, cfg.n_heads, cfg.dropout) for _ in range(cfg.n_layers))
+        self.ln_f = nn.LayerNorm(cfg.d_model)
+        self.head = nn.Linear(cfg.d_model, vocab_size, bias=False)
+        self.head.weight = self.tok.weight                      # weight tying
+        self.apply(init_weights)
+
+    def forward(self, ids):
+        T = ids.shape[1]
+        x = self.tok(ids) + self.pos(torch.arange(T, device=ids.device))   # (B, T, d_model)
+        for block in self.blocks:
+            x = block(x)
+        return '''
+_CLIP = """        for p, g in zip(with_grad, clipped):
+            p.grad = g
+"""
 
 MISTAKES = [
+    # ---- exercise 0: the tools, and the exercises that call them
+    Mistake("tool_warmup_from_zero", "tools_answer", "return max_lr * (step + 1) / warmup_steps",
+            "return max_lr * step / warmup_steps", TOOLS + EX2, "warm-up counts from step + 1"),
+    Mistake("train_blames_lr_at", "tools_answer", "return max_lr * (step + 1) / warmup_steps",
+            "return max_lr * step / warmup_steps", EX2, "train calls your lr_at from chapter 5"),
+    Mistake("tool_cosine_to_zero", "tools_answer",
+            "return min_lr + 0.5 * (1 + math.cos(math.pi * progress)) * (max_lr - min_lr)",
+            "return 0.5 * (1 + math.cos(math.pi * progress)) * max_lr", TOOLS + EX2, "the cosine decays to min_lr"),
+    Mistake("tool_decay_embeddings", "tools_answer", "if isinstance(module, nn.Embedding) or p.ndim < 2:",
+            "if p.ndim < 2:", TOOLS, "this course does not decay embeddings"),
+    Mistake("train_blames_param_groups", "tools_answer", "if isinstance(module, nn.Embedding) or p.ndim < 2:",
+            "if p.ndim < 2:", EX2, "train calls your param_groups from chapter 5"),
+    Mistake("tool_clip_per_tensor", "tools_answer", "return [g * scale for g in grads], total",
+            "return [g * min(1.0, max_norm / (float(g.norm()) + 1e-6)) for g in grads], total", TOOLS,
+            "each tensor was clipped on its own"),
+    Mistake("train_blames_clip_grad_norm", "tools_answer", "return [g * scale for g in grads], total",
+            "return [g * min(1.0, max_norm / (float(g.norm()) + 1e-6)) for g in grads], total", EX2,
+            "train calls your clip_grad_norm from chapter 5"),
+    # train uses only the clipped gradients, so a wrong returned norm costs the tools' points alone
+    Mistake("tool_clip_norm_after", "tools_answer", "return [g * scale for g in grads], total",
+            "return [g * scale for g in grads], min(total, max_norm)", TOOLS, "measured before clipping"),
+    Mistake("tool_sampler_global_rng", "tools_answer", "torch.multinomial(probs, 1, generator=generator)",
+            "torch.multinomial(probs, 1)", TOOLS, "draw with the generator you are given"),
+    Mistake("generate_blames_sampler", "tools_answer", "torch.multinomial(probs, 1, generator=generator)",
+            "torch.multinomial(probs, 1)", ("ex3_visible", "ex3_hidden"),
+            "generate calls your sample_next_token from chapter 6"),
+    Mistake("tool_no_temperature", "tools_answer", "    x = x / temperature\n", "",
+            TOOLS + ("ex3_visible", "ex3_hidden"), "temperature"),
+    Mistake("generate_blames_process_logits", "tools_answer", "    x = x / temperature\n", "",
+            ("ex3_visible", "ex3_hidden"), "generate calls your process_logits from chapter 6"),
+    Mistake("tool_beam_no_norm", "tools_answer",
+            "score / (len(tokens) - 1) ** length_penalty) for tokens, score in finished]",
+            "score) for tokens, score in finished]", TOOLS, "no length normalisation was applied"),
+    Mistake("beam_blames_core", "tools_answer",
+            "score / (len(tokens) - 1) ** length_penalty) for tokens, score in finished]",
+            "score) for tokens, score in finished]", ("ex5_visible", "ex5_hidden"),
+            "beam_search calls your beam_search_core from chapter 6"),
+    # ---- exercise 1
     Mistake("lm_not_causal", "ex1_answer", "x = x + self.proj(self.attend(q, k, v, mask=pad_mask, causal=self.causal))",
             "x = x + self.proj(self.attend(q, k, v, mask=pad_mask, causal=False))",
             ("ex1_visible", "ex1_hidden"), "self-attention must be causal", e2e=True),
@@ -16,29 +100,74 @@ MISTAKES = [
             "", ("ex1_visible", "ex1_hidden"), "tie them"),
     Mistake("lm_no_positions", "ex1_answer", "x = self.tok(ids) + self.pos(torch.arange(T, device=ids.device))",
             "x = self.tok(ids)", ("ex1_visible", "ex1_hidden"), "no sense of order"),
-    Mistake("warmup_from_zero", "ex2_answer", "return max_lr * (step + 1) / warmup_steps",
-            "return max_lr * step / warmup_steps", ("ex2_visible", "ex2_hidden"), "warm-up counts from step + 1"),
-    Mistake("decay_everything", "ex2_answer",
-            "    return [{\"params\": [p for p in params if id(p) in decay], \"weight_decay\": weight_decay},",
-            "    decay = {id(p) for p in params}\n    return [{\"params\": [p for p in params if id(p) in decay], \"weight_decay\": weight_decay},",
-            ("ex2_visible", "ex2_hidden"), "are in the decayed group"),
-    Mistake("no_grad_clipping", "ex2_answer", "        torch.nn.utils.clip_grad_norm_(model.parameters(), clip)\n", "",
-            ("ex2_visible", "ex2_hidden"), "gradients were not clipped"),
+    Mistake("lm_post_ln_no_final_ln", "ex1_answer",
+            _PRE_LN + "\n" + _LM_BETWEEN + "self.head(self.ln_f(x))", _POST_LN + "\n" + _LM_BETWEEN + "self.head(x)",
+            ("ex1_visible", "ex1_hidden"), "is Post-LN"),
+    # the encoder-decoder and the classifier are built from Block: their tests blame exercise 1
+    Mistake("post_ln_blames_block_in_seq2seq", "ex1_answer", _PRE_LN, _POST_LN, ("ex4_visible", "ex4_hidden"),
+            "Seq2Seq is built from your Block of exercise 1"),
+    Mistake("post_ln_blames_block_in_classifier", "ex1_answer", _PRE_LN, _POST_LN, ("ex6_visible", "ex6_hidden"),
+            "EncoderClassifier is built from your Block of exercise 1"),
+    Mistake("lm_no_final_ln", "ex1_answer", "return self.head(self.ln_f(x))", "return self.head(x)",
+            ("ex1_visible", "ex1_hidden"), "final LayerNorm before the output projection"),
+    Mistake("block_pad_drops_causal", "ex1_answer", "mask = tri if mask is None else mask & tri",
+            "mask = tri if mask is None else mask", ("ex1_visible", "ex1_hidden"),
+            "stopped being causal when a pad_mask was given"),
+    Mistake("block_causal_ignores_pad", "ex1_answer", "mask = tri if mask is None else mask & tri",
+            "mask = tri", ("ex1_visible", "ex1_hidden"), "PAD keys must be hidden while the block is causal"),
+    # ---- exercise 2
+    Mistake("no_grad_clipping", "ex2_answer", _CLIP, "", EX2, "gradients were not clipped"),
+    Mistake("train_torch_clip", "ex2_answer",
+            "        with_grad = [p for p in params if p.grad is not None]\n"
+            "        clipped, _ = clip_grad_norm([p.grad for p in with_grad], clip)\n" + _CLIP,
+            "        torch.nn.utils.clip_grad_norm_(params, clip)\n", EX2, "must clip with your clip_grad_norm"),
     Mistake("no_zero_grad", "ex2_answer", "        opt.zero_grad(set_to_none=True)\n", "",
-            ("ex2_visible", "ex2_hidden"), "gradients accumulate"),
+            EX2, "gradients accumulate"),
+    Mistake("train_no_floor", "ex2_answer", "lr_at(step, lr, min_lr, warmup_steps, steps)",
+            "lr_at(step, lr, 0.0, warmup_steps, steps)", EX2, "the cosine decayed to 0"),
+    Mistake("train_fixed_weight_decay", "ex2_answer", "param_groups(model, weight_decay)", "param_groups(model, 0.1)",
+            ("ex2_hidden",), "not the weight_decay passed in"),
+    # ---- exercise 3
     Mistake("generate_no_crop", "ex3_answer", "model(ids[:, -block_size:])", "model(ids)",
             ("ex3_visible", "ex3_hidden"), "crop the context"),
-    Mistake("temperature_after_softmax", "ex3_answer",
-            "logits = model(ids[:, -block_size:])[:, -1, :].float() / temperature",
-            "logits = model(ids[:, -block_size:])[:, -1, :].float().softmax(-1) / temperature",
-            ("ex3_visible", "ex3_hidden"), "divide the logits by temperature"),
+    Mistake("generate_drops_generator", "ex3_answer", "sample_next_token(logits, generator, temperature, top_k)",
+            "sample_next_token(logits, None, temperature, top_k)", ("ex3_visible", "ex3_hidden"),
+            "pass the generator on"),
+    Mistake("generate_drops_top_k", "ex3_answer", "sample_next_token(logits, generator, temperature, top_k)",
+            "sample_next_token(logits, generator, temperature)", ("ex3_visible", "ex3_hidden"), "top_k passed on"),
+    # ---- exercise 4
     Mistake("source_padding_unmasked", "ex4_answer", "mask = (src != PAD)[:, None, None, :]",
             "mask = None", ("ex4_visible", "ex4_hidden"), "mask PAD in the source"),
+    Mistake("encoder_causal", "ex4_answer", "Block(d, cfg.n_heads, cfg.dropout, causal=False)",
+            "Block(d, cfg.n_heads, cfg.dropout, causal=True)", ("ex4_visible", "ex4_hidden"),
+            "the encoder reads the whole word"),
+    Mistake("encoder_no_final_ln", "ex4_answer", "return self.ln_enc(x), mask", "return x, mask",
+            ("ex4_visible", "ex4_hidden"), "return ln_enc(x), mask"),
+    Mistake("decoder_no_final_ln", "ex4_answer", "return self.head(self.ln_dec(x))", "return self.head(x)",
+            ("ex4_visible", "ex4_hidden"), "head(ln_dec(x))"),
+    Mistake("seq2seq_untied_head", "ex4_answer", "        self.head.weight = self.tgt_tok.weight\n", "",
+            ("ex4_visible", "ex4_hidden"), "tie them"),
+    # ---- exercise 5
     Mistake("greedy_keeps_eos", "ex5_answer", "out.append(row[:row.index(EOS)] if EOS in row else row)",
             "out.append(row)", ("ex5_visible", "ex5_hidden"), "cut each row at its first EOS"),
-    Mistake("beam_keeps_one", "ex5_answer", "for seq, score in candidates[:beam_size]:",
-            "for seq, score in candidates[:1]:", ("ex5_visible", "ex5_hidden"), "keep beam_size candidates"),
+    # rows of one batch end at different steps only in the hidden test's scripted model
+    Mistake("greedy_stops_at_first_eos", "ex5_answer", "if (ys == EOS).any(dim=1).all():",
+            "if (ys == EOS).any(dim=1).any():", ("ex5_hidden",), "stopped before its own EOS"),
+    Mistake("beam_no_length_norm", "ex5_answer", "length_penalty=1.0)[0]", "length_penalty=0.0)[0]",
+            ("ex5_visible", "ex5_hidden"), "ranked by their summed log-probability"),
+    # ---- exercise 6
     Mistake("classifier_mean_over_pad", "ex6_answer",
             "return self.head(x.sum(1) / real.sum(1, keepdim=True).clamp(min=1))",
             "return self.head(x.mean(1))", ("ex6_visible", "ex6_hidden"), "PAD must change nothing"),
+    Mistake("classifier_first_token", "ex6_answer",
+            "return self.head(x.sum(1) / real.sum(1, keepdim=True).clamp(min=1))",
+            "return self.head(x[:, 0])", ("ex6_visible", "ex6_hidden"), "read from the first position only"),
+    Mistake("classifier_sum_pool", "ex6_answer",
+            "return self.head(x.sum(1) / real.sum(1, keepdim=True).clamp(min=1))",
+            "return self.head(x.sum(1))", ("ex6_visible", "ex6_hidden"), "summed, not averaged"),
+    Mistake("classifier_causal", "ex6_answer", "Block(cfg.d_model, cfg.n_heads, cfg.dropout, causal=False)",
+            "Block(cfg.d_model, cfg.n_heads, cfg.dropout)", ("ex6_visible", "ex6_hidden"),
+            "must not be causal"),
+    Mistake("classifier_no_final_ln", "ex6_answer", "x = self.ln_f(x) * real[..., None]", "x = x * real[..., None]",
+            ("ex6_visible", "ex6_hidden"), "apply the final LayerNorm"),
 ]

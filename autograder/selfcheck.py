@@ -6,12 +6,13 @@ not changed), so it also catches code that only worked because of cells run out 
 
 from __future__ import annotations
 
+import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
 from . import contract
 from .contract import Role
-from .executor import CourseExecute
+from .executor import CourseExecute, SandboxedKernelManager
 from .settings import GradingSettings
 
 
@@ -21,6 +22,30 @@ class CellResult:
     points: float
     passed: bool
     message: str
+
+
+class QuietKernelManager(SandboxedKernelManager):
+    """The self-check's kernel: its own start-up log (for example ipykernel's warning about
+    TCP without encryption) is not the student's business, so it does not reach the
+    terminal. What the notebook's code prints still reaches the notebook's outputs."""
+
+    async def _async_launch_kernel(self, kernel_cmd, **kw):
+        kw.setdefault("stdout", subprocess.DEVNULL)
+        kw.setdefault("stderr", subprocess.DEVNULL)
+        return await super()._async_launch_kernel(kernel_cmd, **kw)
+
+
+def failure_message(error) -> str:
+    """A failed cell's message as the notebook shows it: for the course's checks, what
+    Jupyter prints (the message with its likely mistake, after the traceback of the
+    student's own code when that raised), without the line on showing the checker's
+    traceback; for any other error, its type and message."""
+    from course.checks._core import SHOW_TRACEBACK
+
+    shown = [str(line) for line in error.get("traceback", [])]
+    if shown and shown[-1] == SHOW_TRACEBACK:
+        return "\n".join(shown[:-1])
+    return f"{error.ename}: {error.evalue}"
 
 
 def _has_code(source: str) -> bool:
@@ -37,23 +62,26 @@ def run_visible_tests(path: Path, settings: GradingSettings) -> list[CellResult]
     nb = contract.read(path)
     limits = {f"{path.stem}/{gid}": sec for gid, sec in contract.time_limits(nb, settings.profile).items()}
     executor = CourseExecute(timeout=settings.cell_timeout, profile=settings.profile, release_limits=limits,
-                             judge=False, kernel_name="python3")
+                             judge=False, kernel_name="python3",
+                             kernel_manager_class=QuietKernelManager)
     executor.preprocess(nb, {"metadata": {"path": str(path.parent)}, "nbgrader": {"notebook": path.stem}})
     results = []
     for cell in contract.cells_with_role(nb, Role.VISIBLE, Role.HIDDEN, Role.EVALUATION):
         if not _has_code(cell.source):  # a hidden-test placeholder: only the autograder fills it
             continue
         errors = [o for o in cell.outputs if o.output_type == "error"]
-        message = f"{errors[0].ename}: {errors[0].evalue}" if errors else ""
+        message = failure_message(errors[0]) if errors else ""
         results.append(CellResult(contract.grade_id(cell) or "?", contract.points(cell), not errors, message))
     return results
 
 
 def format_report(results: list[CellResult]) -> str:
+    """One row per test cell; under a failed one, its full message, as the notebook shows it."""
     lines = [f"{'test cell':<32} {'points':>6}  result"]
     for r in results:
-        verdict = "passed" if r.passed else "FAILED  " + r.message.splitlines()[0][:200]
-        lines.append(f"{r.grade_id:<32} {r.points:>6g}  {verdict}")
+        lines.append(f"{r.grade_id:<32} {r.points:>6g}  {'passed' if r.passed else 'FAILED'}")
+        if not r.passed:
+            lines += ["    " + line for line in (r.message or "(no message)").splitlines()]
     earned = sum(r.points for r in results if r.passed)
     total = sum(r.points for r in results)
     lines.append(f"visible tests: {earned:g} / {total:g} points "

@@ -73,6 +73,16 @@ def test_mistake_fails_with_its_hint(assignment, mistake):
         err = results[cell]
         assert err is not None, f"{cell} passed although the answer has the mistake {mistake.name!r}"
         assert mistake.hint in str(err), f"{cell} failed without the hint {mistake.hint!r}:\n{err}"
+        assert mistake.hint in leading_hint(err), (
+            f"{cell} names the hint {mistake.hint!r}, but not as the likely mistake it leads with:\n{err}")
+
+
+def leading_hint(err: BaseException) -> str:
+    """What a failure message gives as the likely mistake: the text after its first
+    "Likely mistake:" (the whole message for a failure without one, e.g. a length error
+    that the exercise itself raises)."""
+    text = str(err)
+    return text.split("Likely mistake:", 1)[1] if "Likely mistake:" in text else text
 
 
 @pytest.mark.parametrize("assignment", assignments())

@@ -28,7 +28,23 @@ def test_self_check_passes_a_complete_notebook_and_fails_the_stub(tmp_path):
 
     stub = _check(ROOT / "exercises" / "ch01_embeddings" / "ch01_embeddings.ipynb")
     assert stub.returncode == 1
-    assert "FAILED  NotImplementedError" in stub.stdout and "visible tests: 0 / 9 points" in stub.stdout
+    assert "FAILED\n    NotImplementedError" in stub.stdout and "visible tests: 0 / 9 points" in stub.stdout
+
+
+def test_self_check_shows_the_full_message_and_no_kernel_chatter(tmp_path):
+    """The terminal shows what the notebook shows: the whole message with its likely mistake,
+    not its first line; the kernel's own start-up warnings stay out of the terminal."""
+    from mistakes import mistakes_for
+
+    mistake = mistakes_for("ch01_embeddings")[0]
+    wrong = write_notebook(student_notebook("ch01_embeddings", mistake.apply(solution_answers("ch01_embeddings"))),
+                           tmp_path / "wrong.ipynb")
+    done = _check(wrong)
+    assert done.returncode == 1, done.stdout + done.stderr
+    failed = done.stdout.split("FAILED\n", 1)[1]
+    assert "\n    Likely mistake: " in failed and mistake.hint in failed, done.stdout
+    assert "%tb" not in done.stdout, "the line on showing the checker's traceback is for Jupyter only"
+    assert "IPKernelApp" not in done.stdout + done.stderr and "WARNING" not in done.stderr, done.stderr
 
 
 def test_self_check_names_a_missing_notebook(tmp_path):

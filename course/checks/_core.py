@@ -8,8 +8,58 @@ from typing import Any, Callable, Iterator
 import torch
 
 
+SHOW_TRACEBACK = "(The checker's own traceback is hidden: run %tb in a new cell to see it.)"
+
+
 class CheckFailed(AssertionError):
-    """A check failed; the message says what was expected and the likely mistake."""
+    """A check failed; the message says what was expected and the likely mistake.
+
+    In Jupyter the failure shows as the message alone (plus, when the student's code raised,
+    the traceback of their code), not as a traceback through the checker: IPython calls
+    ``_render_traceback_``. ``%tb`` (or ``%xmode Verbose``) shows the full traceback."""
+
+    def _render_traceback_(self) -> list[str]:
+        if _full_traceback_wanted():
+            import traceback
+
+            return "".join(traceback.format_exception(type(self), self, self.__traceback__)).splitlines()
+        lines = []
+        cause = self.__cause__
+        if cause is not None and not isinstance(cause, CheckFailed) and cause.__traceback__ is not None:
+            lines += _student_traceback(cause)
+        lines += f"{type(self).__name__}: {self}".splitlines()
+        lines.append(SHOW_TRACEBACK)
+        return lines
+
+
+def _full_traceback_wanted() -> bool:
+    """True inside IPython's %tb magic or with %xmode Verbose."""
+    import sys
+
+    frame = sys._getframe(1)
+    while frame is not None:
+        if frame.f_code.co_name == "tb" and frame.f_globals.get("__name__", "").startswith("IPython.core.magics"):
+            return True
+        frame = frame.f_back
+    shell = sys.modules.get("IPython")
+    try:
+        ip = shell.get_ipython() if shell is not None else None
+        return ip is not None and str(ip.InteractiveTB.mode).lower() == "verbose"
+    except Exception:  # noqa: BLE001 - no IPython: the short form
+        return False
+
+
+def _student_traceback(err: BaseException) -> list[str]:
+    """The traceback of an error the student's code raised, without the checker's frames."""
+    import traceback
+    from pathlib import Path
+
+    here = str(Path(__file__).resolve().parent)
+    frames = [f for f in traceback.extract_tb(err.__traceback__) if not str(Path(f.filename).resolve()).startswith(here)]
+    lines = ["Traceback of your code (most recent call last):"]
+    lines += "".join(traceback.format_list(frames)).rstrip("\n").splitlines()
+    lines += "".join(traceback.format_exception_only(type(err), err)).rstrip("\n").splitlines()
+    return lines
 
 
 class ShortcutUsed(CheckFailed):
@@ -34,8 +84,37 @@ def call(fn: Callable, *args: Any, name: str | None = None, **kwargs: Any) -> An
     except Exception as err:
         label = name or getattr(fn, "__name__", "your code")
         raise CheckFailed(f"{label} raised {type(err).__name__}: {err}\n"
+                          f"It was called with {describe_inputs(args, kwargs)}.\n"
                           f"Likely mistake: read the traceback above this message; "
                           f"the inputs were valid for the signature in the exercise.") from err
+
+
+def describe(value: Any) -> str:
+    """A short description of one input: a tensor's shape and dtype, a short value as is."""
+    try:
+        return _describe(value)
+    except Exception:  # noqa: BLE001 - a description must never hide the failure it describes
+        return f"a {type(value).__name__}"
+
+
+def _describe(value: Any) -> str:
+    if type(value).__module__.startswith("autograder"):   # an object that lives in the student's kernel
+        return "an object of your code"
+    if isinstance(value, torch.Tensor):
+        where = "" if value.device.type == "cpu" else f" on {value.device}"
+        if value.numel() <= 6 and value.dim() <= 1:
+            return f"the {value.dtype} tensor {value.tolist()}{where}"
+        return f"a {value.dtype} tensor of shape {tuple(value.shape)}{where}"
+    if isinstance(value, (list, tuple)) and len(value) > 6:
+        return f"a {type(value).__name__} of {len(value)} items"
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def describe_inputs(args: tuple, kwargs: dict) -> str:
+    """The inputs of a call, for a message that names the case that broke."""
+    parts = [describe(a) for a in args] + [f"{k}={describe(v)}" for k, v in kwargs.items()]
+    return ", ".join(parts) if parts else "no arguments"
 
 
 def expect_tensor(value: Any, shape: tuple[int, ...], what: str) -> torch.Tensor:
@@ -53,9 +132,11 @@ def expect_close(actual: torch.Tensor, expected: torch.Tensor, what: str, hint: 
     if actual.shape != expected.shape:
         fail(f"{what} has shape {tuple(actual.shape)}, expected {tuple(expected.shape)}.", hint)
     if not torch.allclose(actual, expected, atol=atol, rtol=rtol):
-        diff = (actual - expected).abs()
+        diff = (actual - expected).abs().nan_to_num(float("inf"))
         worst = int(diff.argmax())
-        fail(f"{what} differs from the expected values: largest difference {diff.max().item():.3g} "
+        at = tuple(int(i) for i in torch.unravel_index(torch.tensor(worst), diff.shape)) if diff.dim() else ()
+        where = f" at index {at[0] if len(at) == 1 else list(at)}" if at else ""
+        fail(f"{what} differs from the expected values: largest difference {diff.max().item():.3g}{where} "
              f"(got {actual.flatten()[worst].item():.6g}, expected {expected.flatten()[worst].item():.6g}).", hint)
 
 
@@ -103,8 +184,8 @@ def _forbid_here(*targets: tuple[Any, str], exercise: str) -> Iterator[None]:
 
         def blocked(*args: Any, __name=f"{getattr(owner, '__name__', owner)}.{attr}", **kwargs: Any):
             raise ShortcutUsed(f"{__name} was called, but this exercise asks you to write {exercise} yourself.\n"
-                               f"Likely mistake: using the built-in instead of implementing it; "
-                               f"it is the oracle the tests compare against.")
+                               f"Likely mistake: calling the built-in {__name}; this exercise asks you to write "
+                               f"{exercise} yourself (the built-in is the oracle the tests compare against).")
 
         saved.append((owner, attr, original))
         setattr(owner, attr, blocked)

@@ -104,11 +104,36 @@ def _diagnose(got: torch.Tensor, variants: list[tuple[Callable[[], torch.Tensor]
     """The hint of the first buggy variant the answer reproduces, else the default hint."""
     for make, hint in variants:
         try:
-            if _matches(got, make(), atol):
+            want = make()
+            if want is not None and _matches(got, want, atol):
                 return hint
         except (RuntimeError, ValueError, IndexError):
             continue
     return default
+
+
+def _show_positions(positions: torch.Tensor) -> str:
+    """The positions of a failing case in a few words: a range, a short list, or a summary."""
+    p = positions.detach().double().flatten()
+    n = p.numel()
+    fractional = bool((p != p.round()).any())
+    if n and not fractional and (n == 1 or bool((p[1:] - p[:-1] == p[1] - p[0]).all())) and n > 6:
+        step = int(p[1] - p[0])
+        return f"positions {int(p[0])}, {int(p[1])}, ..., {int(p[-1])}" + (f" (step {step})" if step != 1 else "")
+    if n <= 8:
+        shown = [int(v) if v == round(v) else round(v, 3) for v in p.tolist()]
+        return f"positions {shown}" + (" (fractional)" if fractional else "")
+    return (f"{n} {'fractional ' if fractional else ''}positions from {p.min().item():.4g} to "
+            f"{p.max().item():.4g}")
+
+
+def _base_ignored(make: Callable[[float], torch.Tensor], base: float) -> list[tuple[Callable, str]]:
+    """A variant for answers that use the default base 10000 instead of the one given."""
+    if base == 10000.0:
+        return []
+    return [(lambda: make(10000.0),
+             f"this case uses base={base:g}, and the answer matches base 10000: use the base argument, "
+             "not a hard-coded 10000.")]
 
 
 def _draw_base(rng: random.Random) -> float:
@@ -311,9 +336,11 @@ def check_sinusoidal_table(sinusoidal_table, hidden: bool = False) -> None:
         want = _sin_table64(seq_len, d_model, base)
         if _matches(got, want, atol=2e-5):
             continue
-        hint = _diagnose(got, _sinusoidal_variants(seq_len, d_model, base),
-                         "PE[pos, 2i] = sin(pos * w_i) and PE[pos, 2i+1] = cos(pos * w_i) with "
-                         "w_i = exp(-2i * ln(base) / d_model), pos = 0 .. seq_len - 1.", atol=2e-5)
+        hint = _diagnose(got, _base_ignored(lambda b: _sin_table64(seq_len, d_model, b), base)
+                         + _sinusoidal_variants(seq_len, d_model, base),
+                         f"for seq_len={seq_len}, d_model={d_model}, base={base:g}: PE[pos, 2i] = sin(pos * w_i) "
+                         "and PE[pos, 2i+1] = cos(pos * w_i) with w_i = exp(-2i * ln(base) / d_model), "
+                         "pos = 0 .. seq_len - 1.", atol=2e-5)
         row0 = torch.tensor([0.0, 1.0] * (d_model // 2), dtype=torch.float64)
         if not _matches(got[0], row0, atol=1e-6):
             fail(f"{label}: row 0 (position 0) is {[round(v, 3) for v in got[0, :6].tolist()]}..., expected "
@@ -338,14 +365,20 @@ def check_sinusoidal_shift_matrix(sinusoidal_shift_matrix, hidden: bool = False)
             expect_close((table[lo:lo + 20] @ got.double()), table[lo + k:lo + k + 20],
                          f"PE(pos) @ {label}", "each block must rotate its (sin, cos) pair by k * w_i.")
             continue
+        if k < 0:   # the cases with k >= 0 passed before: the block is right, the sign of k is lost
+            flipped = (f"this case has a negative shift, k = {k}, and the answer shifts by +{-k}: keep the sign of k "
+                       f"(b = k * w_i, no abs(k)); M_k for k < 0 moves PE(pos) back to PE(pos - {-k}), "
+                       "the transpose of M_|k|.")
+        else:
+            flipped = ("the matrix shifts by -k: with row vectors, PE(pos + k) = PE(pos) @ M, so the block is "
+                       "[[cos b, -sin b], [sin b, cos b]] (the transpose of the column-vector rotation).")
         hint = _diagnose(got, [
-            (lambda: _shift64(-k, d_model, base),
-             "the matrix shifts by -k: with row vectors, PE(pos + k) = PE(pos) @ M, so the block is "
-             "[[cos b, -sin b], [sin b, cos b]] (the transpose of the column-vector rotation)."),
+            (lambda: _shift64(-k, d_model, base), flipped),
             (lambda: torch.eye(d_model, dtype=torch.float64),
-             "the matrix is the identity: each block must rotate by the angle b = k * w_i."),
-        ], "M is block diagonal; the 2 x 2 block on rows and columns (2i, 2i+1) is [[cos b, -sin b], [sin b, cos b]] "
-           "with b = k * w_i and w_i = base^(-2i/d_model).")
+             f"the matrix is the identity (k = {k}): each block must rotate by the angle b = k * w_i."),
+        ] + _base_ignored(lambda b: _shift64(k, d_model, b), base),
+            f"for k={k}, d_model={d_model}, base={base:g}: M is block diagonal; the 2 x 2 block on rows and "
+            "columns (2i, 2i+1) is [[cos b, -sin b], [sin b, cos b]] with b = k * w_i and w_i = base^(-2i/d_model).")
         expect_close(got.double(), want, label, hint)
 
 
@@ -452,7 +485,9 @@ def check_rope_frequencies(rope_frequencies, hidden: bool = False) -> None:
             (lambda: base ** (-j / d_head), "the exponent is 2j/d_head (j = 0 .. d_head/2 - 1), not j/d_head: "
                                             "use torch.arange(0, d_head, 2)."),
             (lambda: base ** (2 * j / d_head), "the frequencies must decrease: theta_j = base^(-2j/d_head)."),
-        ], "theta_j = base^(-2j/d_head) = exp(-2j * ln(base) / d_head), j = 0 .. d_head/2 - 1.", atol=1e-7)
+        ] + _base_ignored(lambda b: _freqs64(d_head, b), base),
+            f"for d_head={d_head}, base={base:g}: theta_j = base^(-2j/d_head) = exp(-2j * ln(base) / d_head), "
+            "j = 0 .. d_head/2 - 1.", atol=1e-7)
         expect_close(got.double(), want, label, hint, atol=1e-7)
 
 
@@ -522,9 +557,21 @@ def _rope_variants(x: torch.Tensor, positions: torch.Tensor, base: float, pairin
          "the exponent of theta_j is 2j/d_head, not j/d_head."),
         (lambda: _rope64(x, positions + 1, base, pairing),
          "the positions were shifted by one: use the given positions as they are."),
+        (lambda: _rope64(x, positions.double().trunc(), base, pairing) if _fractional(positions) else None,
+         f"the positions here are fractional ({_show_positions(positions)}) and the answer rounded them to "
+         "integers: keep them as floats (positions.to(x.dtype)), not .long() or .int(); interpolated positions "
+         "are fractional."),
+        (lambda: _rope64(x, positions, 10000.0, pairing) if base != 10000.0 else None,
+         f"this case uses base={base:g}, and the answer matches base 10000: use the base argument, "
+         "not a hard-coded 10000."),
         (lambda: _rope64(x, positions, base, other, sign=-1.0),
          f"wrong pairing and wrong direction: see the exercise text for the {pairing} pairing."),
     ]
+
+
+def _fractional(positions: torch.Tensor) -> bool:
+    p = positions.double()
+    return bool((p != p.round()).any())
 
 
 def _check_rope(apply_fn: Callable, name: str, pairing: str, hidden: bool) -> None:
@@ -551,7 +598,7 @@ def _check_rope(apply_fn: Callable, name: str, pairing: str, hidden: bool) -> No
         x = torch.randn(*shape, generator=g)
         x_before = x.clone()
         got = call(apply_fn, x, positions, base)
-        label = f"{name} on x of shape {shape}"
+        label = f"{name} on x of shape {shape}, {_show_positions(positions)}, base={base:g}"
         expect(torch.equal(x, x_before), f"{name} changed its input x in place.", "return a new tensor.")
         expect_tensor(got, shape, label)
         want = _rope64(x, positions, base, pairing)
@@ -711,7 +758,8 @@ def check_alibi_slopes(alibi_slopes, hidden: bool = False) -> None:
             (lambda: torch.tensor(_alibi_slopes_oracle(2 * closest)[0::2][: n - closest] + _alibi_slopes_oracle(closest),
                                   dtype=torch.float64),
              f"the {closest} slopes of the lower power of two come first, then the extra ones."),
-        ], "for a power of two n the slopes are 2^(-8h/n), h = 1 .. n; otherwise the slopes of the closest lower power "
+        ], f"for n = {n} heads ({'a power of two' if n == closest else 'not a power of two'}): for a power of two "
+           "n the slopes are 2^(-8h/n), h = 1 .. n; otherwise the slopes of the closest lower power "
            "of two followed by every other slope ([0::2]) of twice that, as many as are missing.", atol=1e-7)
         fail(f"{label} returned {[round(v, 6) for v in got.tolist()]}, expected "
              f"{[round(v, 6) for v in want.tolist()]}.", hint)
@@ -748,8 +796,8 @@ def check_alibi_bias(alibi_bias, hidden: bool = False) -> None:
             (lambda: m * signed, "use the distance |i - j|, with a minus sign: bias[h, i, j] = -m_h * |i - j|."),
             (lambda: -signed.abs().expand(n, seq_len, seq_len), "multiply the distance by the slope of each head: "
                                                                  "slopes[:, None, None] * |i - j|."),
-        ], "bias[h, i, j] = -slopes[h] * |i - j|: slopes[:, None, None] times the (seq_len, seq_len) distance matrix.",
-            atol=1e-6)
+        ], f"for {n} slope{'s' if n != 1 else ''} and seq_len={seq_len}: bias[h, i, j] = -slopes[h] * |i - j|: "
+           "slopes[:, None, None] times the (seq_len, seq_len) distance matrix.", atol=1e-6)
         expect_close(got.double(), want, label, hint, atol=1e-6)
 
 
@@ -767,7 +815,7 @@ def check_interpolate_positions(interpolate_positions, hidden: bool = False) -> 
     for positions, scale in cases:
         before = positions.clone()
         got = call(interpolate_positions, positions, scale)
-        label = f"interpolate_positions(positions of length {positions.numel()}, scale={scale:g})"
+        label = f"interpolate_positions({_show_positions(positions)}, scale={scale:g})"
         expect(torch.equal(positions, before), "interpolate_positions changed the positions it was given.",
                "return a new tensor (positions / scale), do not divide in place.")
         expect_tensor(got, tuple(positions.shape), label)
@@ -782,7 +830,11 @@ def check_interpolate_positions(interpolate_positions, hidden: bool = False) -> 
              "positions / scale, so that target_len positions land in [0, train_len)."),
             (lambda: torch.floor(positions.double() / scale),
              "keep the fractional positions: positions.float() / scale, not // (RoPE angles accept any real position)."),
-        ], "return positions / scale as floats.")
+        ] + ([(lambda: positions.double().trunc() / scale,
+               f"the positions here are fractional ({_show_positions(positions)}) and the answer rounded them "
+               "first: divide the given positions as floats, positions.float() / scale.")]
+             if _fractional(positions) else []),
+            f"for {_show_positions(positions)} and scale={scale:g}: return positions / scale as floats.")
         expect_close(got.double(), want, label, hint)
 
 
@@ -817,5 +869,6 @@ def check_ntk_scaled_base(ntk_scaled_base, hidden: bool = False) -> None:
                                                       "theta = base^(-(d_head - 2)/d_head)."),
         ]
         hint = next((h for v, h in variants if math.isclose(value, v, rel_tol=1e-6) and not math.isclose(v, want)),
-                    "new base = base * scale ** (d_head / (d_head - 2)).")
+                    f"for base={base:g}, scale={scale:g}, d_head={d_head}: new base = base * scale ** "
+                    "(d_head / (d_head - 2)).")
         fail(f"{label} returned {value:.6g}, expected {want:.6g}.", hint)

@@ -470,7 +470,7 @@ def _lin(x, params):
 
 
 def _mha_ref(module, x_q, x_kv, mask, n_heads, n_kv_heads=None, wrong_split="", merge=True, scale="d_head",
-             out_proj=True, kv_from_q=False, grouping="interleave", use_mask=True):
+             out_proj=True, kv_from_q=False, grouping="interleave", use_mask=True, zero_masked=True):
     """Multi-head (or grouped-query) attention in float64 from the module's own weights."""
     n_kv_heads = n_kv_heads or n_heads
     x_q = x_q.detach().to(torch.float64)
@@ -497,7 +497,7 @@ def _mha_ref(module, x_q, x_kv, mask, n_heads, n_kv_heads=None, wrong_split="", 
     if mask is not None:
         scores = scores.masked_fill(~mask, torch.finfo(torch.float64).min)
     weights = torch.softmax(scores, dim=-1)
-    if mask is not None:
+    if mask is not None and zero_masked:
         weights = weights.masked_fill(~mask, 0.0)
     out = weights @ v                                            # (B, n_heads, T_q, d_head)
     out = out.transpose(1, 2).reshape(B, T_q, d_model) if merge else out.reshape(B, T_q, d_model)
@@ -508,6 +508,17 @@ def _diagnose_mha(got, module, x_q, x_kv, mask, n_heads, n_kv_heads=None) -> str
     split_hint = ("the heads were split in the wrong order: view the projection as (B, T, n_heads, d_head), "
                   "then transpose(1, 2) to (B, n_heads, T, d_head). Reshaping straight to (B, n_heads, T, d_head) mixes "
                   "positions and features across heads.")
+    empty_rows = mask is not None and bool((~mask).all(dim=-1).any())
+    if empty_rows:   # a wrong empty row changes nothing else: name it before any other part
+        try:
+            uniform = _mha_ref(module, x_q, x_kv, mask, n_heads, n_kv_heads, zero_masked=False)
+        except RuntimeError:
+            uniform = None
+        if uniform is not None and _same(got, uniform, 1e-4, 1e-4):
+            return ("a query that may see no key (its mask row is all False) must get a zero output from that head, "
+                    "and it got the average of all the values: the weights of masked keys must be set to 0 after "
+                    "the softmax. Your scaled_dot_product_attention from exercise 2 does this; call it instead "
+                    "of writing the softmax again. The head split and out_proj are right.")
     variants = [
         (dict(wrong_split="qkv"), split_hint), (dict(wrong_split="q"), split_hint), (dict(wrong_split="kv"), split_hint),
         (dict(merge=False), "the heads were merged in the wrong order: transpose (B, n_heads, T, d_head) back to "
@@ -535,6 +546,11 @@ def _diagnose_mha(got, module, x_q, x_kv, mask, n_heads, n_kv_heads=None) -> str
             continue
         if _same(got, want, 1e-4, 1e-4):
             return hint
+    if empty_rows:
+        return ("this mask has a query row that is all False, and that query must get a zero output from that "
+                "head (then out_proj adds only its bias). Check that your attention gives zero weights to every "
+                "masked key, also when all of a row's keys are masked; then the split into heads, the "
+                "1/sqrt(d_head) scale, the merge and out_proj.")
     return ("project, split into heads (view (B, T, n_heads, d_head), transpose(1, 2)), attend with a 1/sqrt(d_head) "
             "scale, merge back (transpose, reshape) and apply out_proj.")
 
@@ -620,7 +636,8 @@ def _check_multi_head_attention(MultiHeadAttention, hidden: bool) -> None:
         with torch.no_grad():
             want = ref(x, x, x, attn_mask=~causal[0, 0], need_weights=False)[0]
         if not _same(y, want):
-            fail("causal self-attention differs from nn.MultiheadAttention with the same weights and mask.",
+            fail(f"causal self-attention (d_model={d_model}, n_heads={n_heads}, T={T}) differs from "
+                 "nn.MultiheadAttention with the same weights and mask.",
                  _diagnose_mha(y, module, x, None, causal, n_heads))
         _causality(module, x, causal, "MultiHeadAttention", t=3)
         # Cross-attention, without and with a key padding mask.
@@ -630,7 +647,8 @@ def _check_multi_head_attention(MultiHeadAttention, hidden: bool) -> None:
         with torch.no_grad():
             want = ref(x, x_kv, x_kv, need_weights=False)[0]
         if not _same(y, want):
-            fail("cross-attention forward(x_q, x_kv) differs from nn.MultiheadAttention(x_q, x_kv, x_kv).",
+            fail(f"cross-attention forward(x_q, x_kv) (d_model={d_model}, n_heads={n_heads}, T_q={T}, T_kv={T_kv}) "
+                 "differs from nn.MultiheadAttention(x_q, x_kv, x_kv).",
                  _diagnose_mha(y, module, x, x_kv, None, n_heads))
         keep = torch.ones(B, T_kv, dtype=torch.bool)
         keep[1, 4:] = False
@@ -639,8 +657,28 @@ def _check_multi_head_attention(MultiHeadAttention, hidden: bool) -> None:
         with torch.no_grad():
             want = ref(x, x_kv, x_kv, key_padding_mask=~keep, need_weights=False)[0]
         if not _same(y, want):
-            fail("cross-attention forward(x_q, x_kv, mask) differs from nn.MultiheadAttention(x_q, x_kv, x_kv).",
+            fail(f"cross-attention forward(x_q, x_kv, mask) with a key padding mask (d_model={d_model}, "
+                 f"n_heads={n_heads}, keys 4.. of batch 1 masked) differs from "
+                 "nn.MultiheadAttention(x_q, x_kv, x_kv).",
                  _diagnose_mha(y, module, x, x_kv, keep.view(B, 1, 1, T_kv), n_heads))
+        # A query that may see no key: the contract promises it a zero output from every head,
+        # so the layer's output there is out_proj's bias.
+        blind = torch.ones(B, 1, T, T_kv, dtype=torch.bool)
+        blind[0, 0, 1, :] = False
+        y = _forward(module, x, x_kv, mask=blind, name="MultiHeadAttention")
+        expect_tensor(y, (B, T, d_model), f"MultiHeadAttention output (cross-attention, T_q={T}, T_kv={T_kv})")
+        expect(torch.isfinite(y).all(),
+               f"with a mask that lets query 1 of batch 0 see no key (d_model={d_model}, n_heads={n_heads}), "
+               "MultiHeadAttention gave NaN.",
+               "a query that may see no key must get a zero output from every head: use your "
+               "scaled_dot_product_attention from exercise 2, which returns zeros for such rows.")
+        want = _mha_ref(module, x, x_kv, blind, n_heads)
+        if not _same(y, want):
+            fail(f"with a mask that lets query 1 of batch 0 see no key (d_model={d_model}, n_heads={n_heads}), "
+                 "the output is wrong" + (" for that query" if _same(y[1:], want[1:]) and
+                                          _same(y[0, [i for i in range(T) if i != 1]],
+                                                want[0, [i for i in range(T) if i != 1]]) else "") + ".",
+                 _diagnose_mha(y, module, x, x_kv, blind, n_heads))
         if hidden:
             # A different mask for every head, and a query row with nothing to attend to.
             per_head = torch.rand(B, n_heads, T, T_kv, generator=g) > 0.5
@@ -648,10 +686,12 @@ def _check_multi_head_attention(MultiHeadAttention, hidden: bool) -> None:
             per_head[0, 0, 1, :] = False
             y = _forward(module, x, x_kv, mask=per_head, name="MultiHeadAttention")
             want = _mha_ref(module, x, x_kv, per_head, n_heads)
-            expect(torch.isfinite(y).all(), "a query row with nothing to attend to gave NaN in MultiHeadAttention.",
+            expect(torch.isfinite(y).all(), f"a query row with nothing to attend to (query 1 of batch 0, head 0, "
+                   f"d_model={d_model}, n_heads={n_heads}) gave NaN in MultiHeadAttention.",
                    "use your scaled_dot_product_attention from exercise 2, which returns zeros for such rows.")
             if not _same(y, want):
-                fail("with a per-head mask of shape (B, n_heads, T_q, T_kv) the output is wrong.",
+                fail(f"with a per-head mask of shape (B, n_heads, T_q, T_kv) = {tuple(per_head.shape)} the output is "
+                     "wrong.",
                      _diagnose_mha(y, module, x, x_kv, per_head, n_heads))
     try:
         MultiHeadAttention(10, 3)

@@ -147,5 +147,5 @@ MISTAKES = [
             "    for pair, new_id in train_bpe(text, len(merges)).items():\n        ids = merge_pair(ids, pair, new_id)",
             ("ex3_visible", "ex3_hidden"), "it worked on the training text but not on this one", e2e=False),
     Mistake("embedding_detached", "ex4_answer", "return self.weight[ids]", "return self.weight.detach()[ids]",
-            ("ex4_visible", "ex4_hidden"), "carries no gradient", e2e=False),
+            ("ex4_visible", "ex4_hidden"), "do not detach or copy the table in forward", e2e=False),
 ]

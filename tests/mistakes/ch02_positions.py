@@ -47,11 +47,20 @@ MISTAKES = [
             "    pe[:, 1::2] = torch.cos(pos * freq)\n    return pe",
             "    return torch.cat((torch.sin(pos * freq), torch.cos(pos * freq)), dim=-1)",
             EX2, "interleave the columns"),
+    # A fallback names the input that broke: here a base other than the default.
+    Mistake("sinusoidal_base_ignored", "ex2_answer",
+            "* (-math.log(base) / d_model))", "* (-math.log(10000.0) / d_model))",
+            EX2, "the answer matches base 10000", e2e=False),
     # 3: the shift matrix
     Mistake("shift_block_transposed", "ex3_answer",
             "M[idx, idx + 1] = -torch.sin(angle)\n    M[idx + 1, idx] = torch.sin(angle)",
             "M[idx, idx + 1] = torch.sin(angle)\n    M[idx + 1, idx] = -torch.sin(angle)",
             EX3, "shifts by -k"),
+    # The block is right (every k >= 0 passes); only a negative k fails, and the hint must
+    # say that the sign of k was lost, not blame the block.
+    Mistake("shift_abs_k", "ex3_answer",
+            "angle = k * torch.exp(", "angle = abs(k) * torch.exp(",
+            ("ex3_hidden",), "keep the sign of k"),
     # 4: learned positions
     Mistake("length_check_off_by_one", "ex4_answer", "if T > self.max_len:", "if T >= self.max_len:",
             EX4, "exactly max_len positions fits"),
@@ -64,6 +73,10 @@ MISTAKES = [
             'raise ValueError("sequence too long")',
             EX4, "name both lengths"),
     # 5: RoPE, half-split
+    # Only the hidden tests use fractional positions; the hint must say that they were rounded.
+    Mistake("rope_positions_rounded", "ex5_answer",
+            "angles = positions.float()[:, None]", "angles = positions.long().float()[:, None]",
+            ("ex5_hidden",), "the positions here are fractional", e2e=False),
     Mistake("rope_pairings_mixed", "ex5_answer",
             "angles = torch.cat((angles, angles), dim=-1)",
             "angles = angles.repeat_interleave(2, dim=-1)",
@@ -122,7 +135,7 @@ MISTAKES = [
             EX8, "d_head / (d_head - 2)"),
     Mistake("learned_positions_detached", "ex4_answer",
             "        return x + self.weight[:T]", "        return x + self.weight[:T].detach()",
-            ("ex4_visible", "ex4_hidden"), "carries no gradient", e2e=False),
+            ("ex4_visible", "ex4_hidden"), "do not detach or copy the table in forward", e2e=False),
     # A wrong exercise 5 answer also breaks exercise 6, which calls it: the hint must say so.
     Mistake("interleaved_after_frequencies_from_d_model_pairs", "ex5_answer",
             "(-math.log(base) / d_head)", "(-math.log(base) / (d_head // 2))",

@@ -105,6 +105,15 @@ MISTAKES = [
     Mistake("mha_ignores_mask", "ex4_answer",
             "out, _ = scaled_dot_product_attention(q, k, v, mask)", "out, _ = scaled_dot_product_attention(q, k, v)",
             BOTH["ex4"], "the mask was ignored"),
+    # Everything but the attention is right: the hint must name the fully masked row, not the
+    # head split or out_proj (the visible tests hold such a row).
+    Mistake("mha_inline_softmax_masked_row_uniform", "ex4_answer",
+            "        out, _ = scaled_dot_product_attention(q, k, v, mask)",
+            "        scores = q @ k.transpose(-2, -1) / math.sqrt(self.d_head)\n"
+            "        if mask is not None:\n"
+            "            scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)\n"
+            "        out = torch.softmax(scores, dim=-1) @ v",
+            BOTH["ex4"], "must get a zero output from that head"),
     Mistake("mha_shortcut_sdpa", "ex4_answer",
             "        out, _ = scaled_dot_product_attention(q, k, v, mask)",
             "        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)",

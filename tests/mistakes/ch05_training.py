@@ -59,12 +59,12 @@ MISTAKES = [
     Mistake("groups_by_ndim_decay_embeddings", "ex4_answer", "if isinstance(module, nn.Embedding) or p.ndim < 2:",
             "if p.ndim < 2:", BOTH[4], "does not decay embeddings"),
     Mistake("groups_biases_and_norms_decayed", "ex4_answer", "if isinstance(module, nn.Embedding) or p.ndim < 2:",
-            "if isinstance(module, nn.Embedding):", BOTH[4], "LayerNorm parameters or biases"),
+            "if isinstance(module, nn.Embedding):", BOTH[4], "biases and norm gains are 1-D"),
     Mistake("groups_tied_weight_twice", "ex4_answer",
             "for p in model.parameters():            # each shared parameter once\n"
             "        (no_decay if id(p) in no_decay_ids else decay).append(p)",
             "for module in model.modules():\n        for p in module.parameters(recurse=False):\n"
-            "            (no_decay if id(p) in no_decay_ids else decay).append(p)", BOTH[4], "appears twice"),
+            "            (no_decay if id(p) in no_decay_ids else decay).append(p)", BOTH[4], "a tied weight is one Parameter"),
     Mistake("groups_both_decayed", "ex4_answer", '{"params": no_decay, "weight_decay": 0.0}',
             '{"params": no_decay, "weight_decay": weight_decay}', BOTH[4], "the second 0.0"),
     # ---- exercise 5: schedule

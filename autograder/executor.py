@@ -232,15 +232,20 @@ class CourseExecute(Execute):
             self._judge_client = client
         return self._judge_client
 
-    def _collect_kernel_output(self, client, msg_id: str) -> None:
+    def _collect_kernel_output(self, client, msg_id: str, timeout: float = 0) -> bool:
         """What the student's code printed while the grader called it (kept within the
-        output limit; shown under visible tests only, since hidden inputs are the grader's)."""
+        output limit; shown under visible tests only, since hidden inputs are the grader's).
+        True once the kernel said it is idle after ``msg_id``: all its output has come."""
         while True:
             try:
-                msg = client.get_iopub_msg(timeout=0)
+                msg = client.get_iopub_msg(timeout=timeout)
             except Exception:  # noqa: BLE001 - queue.Empty: nothing more now
-                return
-            if msg.get("msg_type") != "stream" or msg.get("parent_header", {}).get("msg_id") != msg_id:
+                return False
+            if msg.get("parent_header", {}).get("msg_id") != msg_id:
+                continue
+            if msg.get("msg_type") == "status" and msg["content"].get("execution_state") == "idle":
+                return True
+            if msg.get("msg_type") != "stream":
                 continue
             text = str(msg["content"].get("text", ""))
             if self._judge_printed_bytes + len(text) <= self.output_limit:

@@ -31,11 +31,12 @@ class ProbeLink:
     ``client`` is a blocking kernel client; ``socket_dir`` a folder both sides see at the
     same path (None: a private temporary folder, for a kernel outside a sandbox); ``uid``
     the kernel's user id when it differs from ours; ``alive()`` says whether the kernel
-    process runs; ``collect(client, msg_id)`` keeps what the kernel printed.
+    process runs; ``collect(client, msg_id, timeout)`` keeps what the kernel printed and
+    says whether the kernel went idle after ``msg_id`` (then all its output has come).
     """
 
     def __init__(self, client, socket_dir: Path | None, uid: int | None, alive: Callable[[], bool],
-                 collect: Callable[[object, str], None]) -> None:
+                 collect: Callable[[object, str, float], bool]) -> None:
         self.client, self.uid, self.alive, self.collect = client, uid, alive, collect
         self._own_dir = None
         if socket_dir is None:     # AF_UNIX paths are short (108 bytes): a short private folder
@@ -45,6 +46,7 @@ class ProbeLink:
         self.msg_id: str | None = None
         self.conn: socket.socket | None = None
         self.reply: dict | None = None        # the kernel's reply to the loop's request
+        self.idle = False                      # the kernel went idle after it: all output is in
 
     # ------------------------------------------------------------------ one call
     def serve(self, request_path: Path, reply_path: Path, timeout: float) -> str | None:
@@ -61,7 +63,7 @@ class ProbeLink:
             return self._ended_error()
         buffer = b""
         while True:
-            self.collect(self.client, self.msg_id)
+            self._collect()
             self._check_alive()
             if time.monotonic() > deadline:
                 raise CellTimedOut("ran past the time limit")
@@ -134,18 +136,25 @@ class ProbeLink:
         """The loop request's reply, waiting up to ``timeout`` seconds for it."""
         deadline = time.monotonic() + timeout
         while self.reply is None:
-            self.collect(self.client, self.msg_id)
+            self._collect()
             try:
                 msg = self.client.get_shell_msg(timeout=min(0.25, max(0.0, deadline - time.monotonic())) or 0)
             except Exception:  # noqa: BLE001 - queue.Empty: nothing yet
                 msg = None
             if msg is not None and msg.get("parent_header", {}).get("msg_id") == self.msg_id:
                 self.reply = msg.get("content", {})
-                self.collect(self.client, self.msg_id)
+                # Output travels apart from the reply: it has all come when the kernel says idle.
+                idle_by = time.monotonic() + 5
+                while not self.idle and time.monotonic() < idle_by:
+                    self._collect(0.1)
                 break
             if time.monotonic() >= deadline or not self.alive():
                 break
         return self.reply
+
+    def _collect(self, timeout: float = 0) -> None:
+        if self.msg_id is not None and self.collect(self.client, self.msg_id, timeout):
+            self.idle = True
 
     def _ended_error(self) -> str:
         reply = self._poll_reply(2) or {}

@@ -976,6 +976,24 @@ def check_tiled_attention(tiled_attention, hidden: bool = False) -> None:
             fail(_full_matrix_hint("tiled_attention", largest, T_q, T_k),
                  f"the point of tiling is never to hold all T_q x T_k scores: compute them one block of "
                  f"block_size keys at a time, (T_q, block_size), and fold each block into the running statistics.")
+    # Half precision in, the same dtype out: a float32 result would silently change the dtype of
+    # the model the function sits in.
+    for dtype, atol in ([(torch.float16, 2e-2)] + ([(torch.bfloat16, 8e-2)] if hidden else [])):
+        q = torch.randn(2, 24, 8, generator=g).to(dtype)
+        k = torch.randn(2, 40, 8, generator=g).to(dtype)
+        v = torch.randn(2, 40, 6, generator=g).to(dtype)
+        with forbid(*_SDPA, exercise="tiled attention with an online softmax"):
+            got = call(tiled_attention, q, k, v, 16, name="tiled_attention")
+        what = f"tiled_attention for {str(dtype).replace('torch.', '')} q, k, v (2, 24/40, 8), block_size=16"
+        expect_tensor(got, (2, 24, 6), what)
+        expect(got.dtype == dtype, f"{what} returned {str(got.dtype).replace('torch.', '')}.",
+               "return the dtype of the inputs: create m, l and acc with dtype=q.dtype, device=q.device, or, "
+               "if you keep the running statistics in float32 for accuracy, cast the result back with "
+               ".to(q.dtype) at the end.")
+        want = _tiled_variant(q.float(), k.float(), v.float(), 40)
+        expect_close(got.float(), want, what, "the result is right in float32 but not in half precision: keep "
+                     "the running maximum subtracted before exp (p = exp(s - m_new)), so nothing overflows.",
+                     atol=atol, rtol=atol)
 
 # ----------------------------------------------------------------------------- exercise 9
 

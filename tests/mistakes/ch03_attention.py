@@ -160,6 +160,9 @@ MISTAKES = [
             "    if not causal:\n",
             BOTH["ex7"], "never forms the (T, T) matrix"),
     # ---------------------------------------------------------------- 8: tiled attention
+    Mistake("tiled_returns_float32_for_half_inputs", "ex8_answer",
+            "    return acc / l\n", "    return acc.float() / l.float()\n",
+            BOTH["ex8"], "cast the result back with .to(q.dtype)", e2e=False),
     Mistake("tiled_running_sum_not_rescaled", "ex8_answer",
             "l = l * correction + p.sum(dim=-1, keepdim=True)", "l = l + p.sum(dim=-1, keepdim=True)",
             BOTH["ex8"], "online softmax without rescaling the running sum"),

@@ -22,6 +22,7 @@ import importlib
 import itertools
 import operator
 import traceback
+import warnings
 from typing import Any, Iterator
 
 import torch
@@ -208,6 +209,9 @@ def serve(request_path: str, reply_path: str) -> None:
         torch.set_rng_state(request["rng"])
         target, args, kwargs = request["target"], request["args"], request["kwargs"]
         with contextlib.ExitStack() as stack:
+            # Each call shows its warnings afresh (as a kernel request of its own would), so
+            # that a warning is shown under the visible test that caused it.
+            stack.enter_context(warnings.catch_warnings())
             for number, factory, c_args, c_kwargs in request["contexts"]:
                 obj = _resolve_factory(factory)(*c_args, **c_kwargs)
                 stack.enter_context(obj)

@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import re
-import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -16,14 +13,9 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def html(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("book")
-    jb = Path(sys.executable).with_name("jupyter-book")
-    done = subprocess.run([str(jb if jb.exists() else shutil.which("jupyter-book")), "build", str(ROOT), "-W",
-                           "--keep-going", "--path-output", str(out)],
-                          capture_output=True, text=True, timeout=2400)
-    assert done.returncode == 0, (done.stdout + done.stderr)[-5000:]
-    return out / "_build" / "html"
+def html(request) -> Path:
+    """The book built with warnings as errors (started at collection: see tests/book_build.py)."""
+    return request.config.book_build.html()
 
 
 def _chapters() -> list[str]:

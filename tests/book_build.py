@@ -1,0 +1,38 @@
+"""The book's build, started when the tests that check it are collected and waited for by
+them: executing its pages takes minutes, most of them while grading tests wait on kernels,
+so it runs beside the other tests (at a lower CPU priority, so that their time limits are
+not squeezed), and its tests run last."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from notebook_tools import ROOT
+
+
+class BookBuild:
+    def __init__(self) -> None:
+        self.folder = Path(tempfile.mkdtemp(prefix="course-book-"))
+        jb = Path(sys.executable).with_name("jupyter-book")
+        command = [str(jb if jb.exists() else shutil.which("jupyter-book")), "build", str(ROOT), "-W",
+                   "--keep-going", "--path-output", str(self.folder)]
+        self.log = open(self.folder / "build.log", "w+", encoding="utf-8")
+        self.process = subprocess.Popen(["nice", "-n", "10", *command], stdout=self.log, stderr=subprocess.STDOUT)
+
+    def html(self, timeout: float = 2400) -> Path:
+        """The built HTML folder; fails with the build's last output if the build failed."""
+        returncode = self.process.wait(timeout=timeout)
+        self.log.seek(0)
+        assert returncode == 0, self.log.read()[-5000:]
+        return self.folder / "_build" / "html"
+
+    def close(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+        self.log.close()
+        shutil.rmtree(self.folder, ignore_errors=True)

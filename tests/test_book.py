@@ -14,7 +14,7 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def html(request) -> Path:
-    """The book built with warnings as errors (started at collection: see tests/book_build.py)."""
+    """The book built with warnings as errors (started at collection: see tests/conftest.py)."""
     return request.config.book_build.html()
 
 

@@ -63,7 +63,7 @@ def available() -> bool:
     if not path or not sys.platform.startswith("linux"):
         return False
     probe = [path, "--ro-bind", "/", "/", *_namespaces(), "--proc", "/proc", "--dev", "/dev",
-             *_drop_to_nobody(), "true"]
+             *_drop_privileges(), "true"]
     try:
         return subprocess.run(probe, capture_output=True, timeout=20).returncode == 0
     except (OSError, subprocess.SubprocessError):
@@ -86,7 +86,7 @@ def sandbox_uid(worker: int | None) -> int:
     return NOBODY if worker is None else WORKER_UIDS + worker
 
 
-def _drop_to_nobody(uid: int = NOBODY) -> list[str]:
+def _drop_privileges(uid: int = NOBODY) -> list[str]:
     """As root, the kernel drops to an unprivileged id inside the sandbox (bubblewrap needs
     root to read the host paths it binds; process limits do not apply to root)."""
     if os.geteuid() == 0:
@@ -203,7 +203,7 @@ class Sandbox:
             cmd += ["--setenv", key, value]
         # Its own process group: ipykernel interrupts a running cell by signalling its group
         # (the sandbox's first process belongs to root, out of the kernel's reach).
-        return cmd + ["--"] + _drop_to_nobody(self.uid) + [shutil.which("setsid") or "/usr/bin/setsid"]
+        return cmd + ["--"] + _drop_privileges(self.uid) + [shutil.which("setsid") or "/usr/bin/setsid"]
 
     def environment(self) -> dict[str, str]:
         """The kernel's whole environment: nothing of the grader's leaks in."""

@@ -270,31 +270,32 @@ class CourseExecute(Execute):
         timed_out = False
         cwd = Path((resources or {}).get("metadata", {}).get("path") or ".")
         _hidden.set_grading_seed(self.grading_seed)
-        outputs = []
+        verdict = []
         self._judge_printed, self._judge_printed_bytes = [], 0
         try:
             printed = run_judged(cell.source, channel, self._imports, cwd)
-            if contract.role(cell) is Role.VISIBLE:
-                outputs += [from_dict({"output_type": "stream", "name": name, "text": text})
-                            for name, text in self._judge_printed]
             if printed:
-                outputs.append(from_dict({"output_type": "stream", "name": "stdout", "text": printed[-20000:]}))
+                verdict.append(from_dict({"output_type": "stream", "name": "stdout", "text": printed[-20000:]}))
         except KernelLost as err:
             self._kernel_died(cell, 0, str(err))
             return [error_output(KERNEL_DIED, self.death_reason)]
         except CellTimedOut:
             grade_id = contract.grade_id(cell) or "a test cell"
-            outputs.append(error_output(TIMED_OUT, f"{grade_id} ran past the time limit of {limit} s and was stopped"))
+            verdict.append(error_output(TIMED_OUT, f"{grade_id} ran past the time limit of {limit} s and was stopped"))
             timed_out = True
         except BaseException as err:  # noqa: BLE001 - every failure of a check is a verdict
             if isinstance(err, (KeyboardInterrupt, SystemExit)):
                 raise
-            outputs.append(error_output(type(err).__name__, str(err),
+            verdict.append(error_output(type(err).__name__, str(err),
                                         "".join(traceback.format_exception_only(type(err), err)).strip()))
         finally:
             _hidden.set_grading_seed(None)
-            self._end_judging(link, channel, timed_out)
-        return outputs
+            self._end_judging(link, channel, timed_out)   # the kernel's last output arrives here
+        if contract.role(cell) is not Role.VISIBLE:
+            return verdict
+        # What the student's code printed, first (a visible test's inputs are the student's to see).
+        return [from_dict({"output_type": "stream", "name": name, "text": text})
+                for name, text in self._judge_printed] + verdict
 
     def _end_judging(self, link, channel, timed_out: bool) -> None:
         """Let go of the kernel's objects and end the probe's loop; a kernel still running the

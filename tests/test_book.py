@@ -13,9 +13,9 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def html(request) -> Path:
-    """The book built with warnings as errors (started at collection: see tests/conftest.py)."""
-    return request.config.book_build.html()
+def html(book_build) -> Path:
+    """The book built with warnings as errors (see tests/book_build.py)."""
+    return book_build.html()
 
 
 def _chapters() -> list[str]:

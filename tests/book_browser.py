@@ -1,0 +1,233 @@
+"""The built book in headless Chromium, with every request to another host refused: what a
+learner sees offline. Used by tests/test_book_browser.py; also runnable on a built book:
+
+    python tests/book_browser.py _build/html [page.html ...]
+"""
+
+from __future__ import annotations
+
+import functools
+import http.server
+import json
+import os
+import shutil
+import sys
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from urllib.parse import urlparse
+
+CHROMIUM_FLAGS = ["--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking",
+                  "--disable-component-update", "--disable-sync", "--disable-quic",
+                  # a second wall: no name resolves but this machine's
+                  "--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE 127.0.0.1"]
+
+# Text nodes that may hold a backslash or a dollar sign: code, and MathJax's own output.
+SKIP_TEXT_INSIDE = "pre, code, script, style, mjx-container, .highlight, textarea"
+VISIBLE_TEXT = """(skip) => {
+  const out = [];
+  const walker = document.createTreeWalker(document.body, NodeFilter.SHOW_TEXT);
+  while (walker.nextNode()) {
+    const node = walker.currentNode;
+    const parent = node.parentElement;
+    if (!parent || parent.closest(skip)) continue;
+    out.push(node.textContent);
+  }
+  return out.join(" ");
+}"""
+RAW_LATEX = r"""(text) => {
+  const found = text.match(/\\\(|\\\[|\$\$|\\(frac|sqrt|sum|mathbf|text|cdot|top|log|exp|tfrac|alpha|theta)\b/g);
+  return found ? found.slice(0, 5) : [];
+}"""
+WIDGETS = """() => Array.from(document.querySelectorAll(
+    'script[type="application/vnd.jupyter.widget-view+json"]')).map(tag => {
+  const area = tag.parentElement.querySelector('.widget-subarea');
+  const box = area ? area.getBoundingClientRect() : null;
+  return {rendered: !!area, height: box ? box.height : 0,
+          controls: area ? area.querySelectorAll('.jupyter-widgets').length : 0};
+})"""
+BROKEN_IMAGES = """() => Array.from(document.images)
+  .filter(img => !img.complete || img.naturalWidth === 0).map(img => img.src.slice(0, 80))"""
+SHOWN_FIGURES = """(demo) => Array.from(demo.querySelectorAll('img'))
+  .filter(img => img.offsetParent !== null).map(img => img.src)"""
+
+
+def chromium() -> str | None:
+    """Debian's Chromium (or COURSE_CHROMIUM); None when there is none."""
+    for candidate in (os.environ.get("COURSE_CHROMIUM"), "chromium", "chromium-browser", "google-chrome"):
+        if candidate and shutil.which(candidate):
+            return shutil.which(candidate)
+    return None
+
+
+class _QuietHandler(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, *args) -> None:
+        pass
+
+
+class Server:
+    """The built HTML served on 127.0.0.1 (a learner's `python -m http.server`)."""
+
+    def __init__(self, folder: Path) -> None:
+        handler = functools.partial(_QuietHandler, directory=str(folder))
+        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        self.origin = f"127.0.0.1:{self.httpd.server_port}"
+        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+        self.thread.start()
+
+    def url(self, page: str) -> str:
+        return f"http://{self.origin}/{page}"
+
+    def close(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+@dataclass
+class PageReport:
+    page: str
+    formulas: int = 0
+    widgets: int = 0
+    widgets_rendered: int = 0
+    images: int = 0
+    errors: list[str] = field(default_factory=list)
+    external: list[str] = field(default_factory=list)
+    raw_latex: list[str] = field(default_factory=list)
+    broken_images: list[str] = field(default_factory=list)
+    unrendered_widgets: int = 0
+    demos: int = 0
+    demos_that_change: int = 0
+
+    def problems(self) -> list[str]:
+        found = [f"console: {e}" for e in self.errors]
+        found += [f"request to another host: {u}" for u in self.external]
+        found += [f"raw LaTeX in the text: {t}" for t in self.raw_latex]
+        found += [f"image not loaded: {s}" for s in self.broken_images]
+        if self.unrendered_widgets:
+            found.append(f"{self.unrendered_widgets} of {self.widgets} widgets not rendered")
+        if self.demos_that_change < self.demos:
+            found.append(f"{self.demos - self.demos_that_change} of {self.demos} precomputed demos "
+                         "do not change their figure when their control moves")
+        return found
+
+
+class Browser:
+    """One headless Chromium; each page opened in a fresh tab with the network walled off."""
+
+    def __init__(self, executable: str) -> None:
+        from playwright.sync_api import sync_playwright
+
+        self._playwright = sync_playwright().start()
+        self.browser = self._playwright.chromium.launch(executable_path=executable, args=CHROMIUM_FLAGS)
+        self.context = self.browser.new_context(viewport={"width": 1280, "height": 900})
+
+    def close(self) -> None:
+        self.context.close()
+        self.browser.close()
+        self._playwright.stop()
+
+    def visit(self, url: str, allowed_origin: str | None, screenshot: Path | None = None) -> PageReport:
+        """Open `url`, wait for MathJax and the widgets, and report what a reader would meet.
+        allowed_origin: host:port that may be asked (None: only file:// and data: URLs)."""
+        page = self.context.new_page()
+        report = PageReport(page=url)
+
+        def route(request_route) -> None:
+            parts = urlparse(request_route.request.url)
+            local = parts.scheme in ("data", "blob", "file") or (allowed_origin and parts.netloc == allowed_origin)
+            if local:
+                request_route.continue_()
+            else:
+                report.external.append(request_route.request.url)
+                request_route.abort()
+
+        page.route("**/*", route)
+        page.on("console", lambda message: report.errors.append(message.text) if message.type == "error" else None)
+        page.on("pageerror", lambda error: report.errors.append(f"uncaught: {error}"))
+        try:
+            page.goto(url, wait_until="load", timeout=60_000)
+            page.wait_for_function("window.MathJax && MathJax.startup && MathJax.startup.promise", timeout=30_000)
+            page.evaluate("MathJax.startup.promise")
+            views = page.locator('script[type="application/vnd.jupyter.widget-view+json"]').count()
+            if views:
+                page.wait_for_function(
+                    "n => document.querySelectorAll('.widget-subarea .jupyter-widgets').length >= n",
+                    arg=views, timeout=30_000, polling=200)
+                page.evaluate("MathJax.startup.promise.then(() => MathJax.typesetPromise())")
+            page.wait_for_load_state("networkidle", timeout=30_000)
+            report.formulas = page.locator("mjx-container").count()
+            text = page.evaluate(VISIBLE_TEXT, SKIP_TEXT_INSIDE)
+            report.raw_latex = page.evaluate(RAW_LATEX, text)
+            widgets = page.evaluate(WIDGETS)
+            report.widgets = len(widgets)
+            report.widgets_rendered = sum(1 for w in widgets if w["rendered"] and w["height"] > 0 and w["controls"])
+            report.unrendered_widgets = report.widgets - report.widgets_rendered
+            report.images = page.evaluate("() => document.images.length")
+            report.broken_images = page.evaluate(BROKEN_IMAGES)
+            self._drive_demos(page, report)
+            if screenshot is not None:
+                screenshot.parent.mkdir(parents=True, exist_ok=True)
+                target = page.locator(".widget-subarea").first
+                if target.count():
+                    target.scroll_into_view_if_needed()
+                page.screenshot(path=str(screenshot))
+        except Exception as error:      # a page that hangs is a finding, not a crash of the test
+            report.errors.append(f"{type(error).__name__}: {str(error).splitlines()[0]}")
+        finally:
+            page.close()
+        return report
+
+    @staticmethod
+    def _drive_demos(page, report: PageReport) -> None:
+        """Move the first control of every precomputed demo (course/book_demo.py): the figure
+        shown must change, with no kernel."""
+        demos = page.locator(".widget-subarea:has(.course-frames)")
+        report.demos = demos.count()
+        for i in range(report.demos):
+            demo = demos.nth(i)
+            before = demo.evaluate(SHOWN_FIGURES)
+            handle = demo.locator(".noUi-handle").first
+            toggle = demo.locator(".widget-toggle-button").nth(1)
+            select = demo.locator("select").first
+            if handle.count():
+                handle.focus()
+                page.keyboard.press("ArrowRight")
+            elif toggle.count():
+                toggle.click()
+            elif select.count():
+                options = select.locator("option")
+                select.select_option(index=1 if options.count() > 1 else 0)
+            page.wait_for_timeout(300)
+            after = demo.evaluate(SHOWN_FIGURES)
+            if after and before and after != before:
+                report.demos_that_change += 1
+
+
+def html_pages(folder: Path) -> list[str]:
+    """Every page of the book, as paths relative to the built folder."""
+    skip = {"genindex.html", "search.html", "py-modindex.html"}
+    return sorted(str(p.relative_to(folder)) for p in folder.rglob("*.html")
+                  if p.name not in skip and "_static" not in p.parts and "_sources" not in p.parts
+                  and "_downloads" not in p.parts)
+
+
+def main(argv: list[str]) -> int:
+    folder = Path(argv[0])
+    pages = argv[1:] or html_pages(folder)
+    executable = chromium()
+    if executable is None:
+        print("no Chromium found (apt-get install chromium, or set COURSE_CHROMIUM)")
+        return 2
+    server, browser = Server(folder), Browser(executable)
+    try:
+        reports = [browser.visit(server.url(p), server.origin) for p in pages]
+    finally:
+        browser.close()
+        server.close()
+    for report in reports:
+        print(json.dumps({k: v for k, v in report.__dict__.items() if v}, ensure_ascii=False))
+    return 1 if any(r.problems() for r in reports) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,127 @@
+"""The built book as a learner reads it offline: headless Chromium (Playwright driving Debian's
+Chromium), every request to another host refused. Each page loads with no console error and no
+outside request, its formulas are rendered by MathJax (no raw LaTeX left in the text, the
+sidebars and headings included), each widget shows its controls, each image loads, and each
+precomputed demo changes its figure when its control moves. Screenshots of one page per chapter
+go to test-output/browser/ (COURSE_TEST_OUTPUT to change), with summary.json (the counts)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+
+import pytest
+
+from book_browser import Browser, Server, chromium, html_pages
+from notebook_tools import ROOT
+
+pytestmark = pytest.mark.slow
+
+OUTPUT = Path(os.environ.get("COURSE_TEST_OUTPUT", ROOT / "test-output")) / "browser"
+
+
+def _browser_or_skip() -> str:
+    try:
+        import playwright.sync_api  # noqa: F401
+    except ImportError:
+        pytest.skip("the browser test needs the Python package playwright (pip install playwright)")
+    executable = chromium()
+    if executable is None:
+        pytest.skip("the browser test needs Chromium: apt-get install chromium (make test does it as "
+                    "root), or COURSE_CHROMIUM=/path/to/chrome")
+    return executable
+
+
+def _screenshot_pages(pages: list[str]) -> dict[str, str]:
+    """One page per chapter: the first with a widget, else the chapter's index."""
+    chosen = {}
+    for page in pages:
+        match = re.match(r"book/(ch\d\d)_[^/]+/", page)
+        if match and match.group(1) not in chosen:
+            chosen[match.group(1)] = f"book/{page.split('/')[1]}/index.html"
+    return chosen
+
+
+@pytest.fixture(scope="module")
+def site(book_build) -> Path:
+    return book_build.html()
+
+
+@pytest.fixture(scope="module")
+def reports(site):
+    executable = _browser_or_skip()
+    pages = html_pages(site)
+    shots = _screenshot_pages(pages)
+    widget_pages = {p for p in pages if "widget-view+json" in (site / p).read_text(encoding="utf-8")}
+    for chapter in shots:      # prefer a page that shows a demo
+        with_widget = sorted(p for p in widget_pages if p.startswith(f"book/{chapter}_"))
+        if with_widget:
+            shots[chapter] = with_widget[0]
+    by_page = {page: chapter for chapter, page in shots.items()}
+    server, browser = Server(site), Browser(executable)
+    try:
+        found = {page: browser.visit(server.url(page), server.origin,
+                                     OUTPUT / f"{by_page[page]}.png" if page in by_page else None)
+                 for page in pages}
+    finally:
+        browser.close()
+        server.close()
+    summary = {
+        "pages": len(found),
+        "formulas_rendered": sum(r.formulas for r in found.values()),
+        "widgets": sum(r.widgets for r in found.values()),
+        "widgets_rendered": sum(r.widgets_rendered for r in found.values()),
+        "images": sum(r.images for r in found.values()),
+        "precomputed_demos": sum(r.demos for r in found.values()),
+        "external_requests": sum(len(r.external) for r in found.values()),
+        "screenshots": sorted(f"{c}.png" for c in shots),
+    }
+    OUTPUT.mkdir(parents=True, exist_ok=True)
+    (OUTPUT / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    print(json.dumps(summary))
+    return found
+
+
+def test_every_page_loads_offline_with_no_error_and_no_outside_request(reports):
+    problems = {page: r.problems() for page, r in reports.items() if r.problems()}
+    assert not problems, json.dumps(problems, indent=1)[:6000]
+
+
+def test_formulas_are_rendered_on_every_page_that_has_them(reports, site):
+    for page, report in reports.items():
+        source = (site / page).read_text(encoding="utf-8")
+        if 'class="math' in source:
+            assert report.formulas > 0, page
+    assert sum(r.formulas for r in reports.values()) > 500
+
+
+def test_every_widget_shows_its_controls_and_the_book_has_them(reports):
+    assert sum(r.widgets for r in reports.values()) >= 19
+    assert all(r.widgets_rendered == r.widgets for r in reports.values())
+
+
+def test_precomputed_demos_change_their_figure_without_a_kernel(reports):
+    demos = sum(r.demos for r in reports.values())
+    assert demos >= 5
+    assert sum(r.demos_that_change for r in reports.values()) == demos
+
+
+def test_a_screenshot_per_chapter(reports):
+    shots = sorted(OUTPUT.glob("ch*.png"))
+    assert len(shots) >= 7, shots
+    assert all(s.stat().st_size > 10_000 for s in shots)
+
+
+def test_a_page_opened_as_a_file_renders_its_maths_and_widgets(reports, site):
+    """`_build/html` opened from disk, with no server at all."""
+    executable = _browser_or_skip()
+    page = next(p for p, r in sorted(reports.items()) if r.demos and r.formulas)
+    browser = Browser(executable)
+    try:
+        report = browser.visit((site / page).as_uri(), allowed_origin=None)
+    finally:
+        browser.close()
+    assert not report.problems(), report.problems()
+    assert report.formulas and report.widgets_rendered == report.widgets and report.demos_that_change

@@ -1,18 +1,20 @@
 """Demos that work in the static book: every figure is drawn while the page is built, and
 the controls pick among them in the browser (no kernel needed).
 
-    demo = frames(draw, d_k=[4, 16, 64], scaled=[True, False])
+    demo = frames(draw, d_k=[4, 16, 64], scaled=[True, False], start={"d_k": 64})
 
 draws `draw(d_k=..., scaled=...)` for every combination, shows the controls, and links them
 to nested `Stack` widgets on the page's side (`jslink`), so that moving a control shows
-another precomputed figure, in the built HTML as in JupyterLab. Keep the combinations few:
-each is a figure in the page.
+another precomputed figure, in the built HTML as in JupyterLab. `draw` may return its
+figure or end with `plt.show()` (then the current figure is taken); what it prints is shown
+under the figure. Keep the combinations few: each is a figure in the page.
 """
 
 from __future__ import annotations
 
+import contextlib
+import html
 import io
-import itertools
 from typing import Any, Callable
 
 import ipywidgets as widgets
@@ -22,11 +24,26 @@ MAX_FRAMES = 48
 FRAME_DPI = 80
 
 
-def _png(figure) -> bytes:
-    buffer = io.BytesIO()
-    figure.savefig(buffer, format="png", dpi=FRAME_DPI, bbox_inches="tight")
-    plt.close(figure)
-    return buffer.getvalue()
+def _frame(draw: Callable[..., Any], values: dict) -> widgets.Widget:
+    """One combination drawn into an Image (and what it printed, below it)."""
+    printed = io.StringIO()
+    show = plt.show
+    plt.show = lambda *args, **kwargs: None      # keep the figure: the frame is its picture
+    try:
+        with contextlib.redirect_stdout(printed):
+            figure = draw(**values)
+        if not isinstance(figure, plt.Figure):
+            figure = plt.gcf()
+        buffer = io.BytesIO()
+        figure.savefig(buffer, format="png", dpi=FRAME_DPI, bbox_inches="tight")
+    finally:
+        plt.show = show
+        plt.close("all")
+    image = widgets.Image(value=buffer.getvalue(), format="png")
+    if not printed.getvalue().strip():
+        return image
+    text = widgets.HTML(f"<pre>{html.escape(printed.getvalue().rstrip())}</pre>")
+    return widgets.VBox([image, text])
 
 
 def _control(name: str, values: list) -> widgets.Widget:
@@ -42,21 +59,23 @@ def _stack(draw: Callable[..., Any], names: list[str], choices: dict[str, list],
            controls: dict[str, widgets.Widget]) -> widgets.Widget:
     """A Stack over the first control's values, each child the stack of the rest."""
     if not names:
-        return widgets.Image(value=_png(draw(**fixed)), format="png")
+        return _frame(draw, fixed)
     name, rest = names[0], names[1:]
     children = [_stack(draw, rest, choices, {**fixed, name: value}, controls) for value in choices[name]]
-    stack = widgets.Stack(children=children, selected_index=0)
+    stack = widgets.Stack(children=children, selected_index=controls[name].index)
     stack.add_class("course-frames")     # the book's browser test finds the demos by it
     widgets.jslink((controls[name], "index"), (stack, "selected_index"))
     return stack
 
 
-def frames(draw: Callable[..., Any], **choices: list) -> widgets.VBox:
-    """Controls over `choices` and the figure `draw(**values)` returns for each combination.
+def frames(draw: Callable[..., Any], start: dict | None = None, **choices: list) -> widgets.VBox:
+    """Controls over `choices` and the figure `draw(**values)` makes for each combination.
 
-    draw: returns a matplotlib Figure (it is closed after being drawn into the page).
-    choices: control name -> the values it offers (the first is shown first).
+    draw: returns a matplotlib Figure, or draws one and calls plt.show().
+    start: the values shown first (default: the first of each list).
+    choices: control name -> the values it offers.
     """
+    start = start or {}
     count = 1
     for name, values in choices.items():
         if not values:
@@ -65,13 +84,10 @@ def frames(draw: Callable[..., Any], **choices: list) -> widgets.VBox:
     if count > MAX_FRAMES:
         raise ValueError(f"{count} figures to precompute (at most {MAX_FRAMES}): offer fewer values")
     controls = {name: _control(name, list(values)) for name, values in choices.items()}
+    for name, value in start.items():
+        controls[name].index = list(choices[name]).index(value)
     figure = _stack(draw, list(choices), {k: list(v) for k, v in choices.items()}, {}, controls)
     demo = widgets.VBox([*controls.values(), figure])
     demo.add_class("course-demo")
     return demo
 
-
-def combinations(**choices: list) -> list[dict]:
-    """Every combination `frames` draws, in its order (for tests and timing)."""
-    names = list(choices)
-    return [dict(zip(names, values)) for values in itertools.product(*choices.values())]

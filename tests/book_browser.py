@@ -154,7 +154,8 @@ class Browser:
                     "n => document.querySelectorAll('.widget-subarea .jupyter-widgets').length >= n",
                     arg=views, timeout=30_000, polling=200)
                 page.evaluate("MathJax.startup.promise.then(() => MathJax.typesetPromise())")
-            page.wait_for_load_state("networkidle", timeout=30_000)
+            page.wait_for_function("() => Array.from(document.images).every(img => img.complete)",
+                                   timeout=30_000, polling=200)
             report.formulas = page.locator("mjx-container").count()
             text = page.evaluate(VISIBLE_TEXT, SKIP_TEXT_INSIDE)
             report.raw_latex = page.evaluate(RAW_LATEX, text)

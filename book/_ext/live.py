@@ -2,6 +2,7 @@
 (jupytext reads the book's MyST pages as notebooks), so that its widgets have a kernel.
 
     make live PAGE=book/ch03_attention/efficient-attention.md
+    python book/_ext/live.py book/ch03_attention/efficient-attention.md [JupyterLab options]
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ VIEWERS = {"defaultViewers": {"markdown": "Jupytext Notebook", "myst": "Jupytext
 
 def main(argv: list[str]) -> int:
     page = Path(argv[0]) if argv else Path("book/intro.md")
+    extra = argv[1:]        # passed to JupyterLab (the tests: --no-browser, a port, a token)
     if not (ROOT / page).is_file():
         print(f"no page {page}: give a path such as book/ch03_attention/efficient-attention.md")
         return 2
@@ -27,7 +29,9 @@ def main(argv: list[str]) -> int:
     plugin.parent.mkdir(parents=True, exist_ok=True)
     plugin.write_text(json.dumps(VIEWERS, indent=2))
     env = {**os.environ, "JUPYTERLAB_SETTINGS_DIR": str(SETTINGS)}
-    command = [sys.executable, "-m", "jupyterlab", f"--ServerApp.root_dir={ROOT}", str(page)]
+    if hasattr(os, "geteuid") and os.geteuid() == 0:
+        extra = ["--allow-root", *extra]     # containers and CI run as root
+    command = [sys.executable, "-m", "jupyterlab", f"--ServerApp.root_dir={ROOT}", *extra, str(page)]
     print("Starting JupyterLab on", page, "(Ctrl-C twice to stop)")
     # the page's own cells read files relative to its folder, as when the book is built
     return subprocess.call(command, env=env, cwd=ROOT)

@@ -65,6 +65,9 @@ def _configure(app: Sphinx, config) -> None:
     stage = _stage(Path(app.outdir))
     config.html_static_path = list(config.html_static_path) + [str(stage)]
     config.mathjax_path = MATHJAX
+    # without an icon of its own, every page asks the server for /favicon.ico (a 404)
+    if not config.html_favicon:
+        config.html_favicon = str(Path(__file__).with_name("favicon.svg"))
     config.nb_ipywidgets_js = WIDGET_SCRIPTS
     # pydata's theme logs an error on every first visit unless a colour mode is named
     config.html_context = {**config.html_context, "default_mode": "auto"}

@@ -1,12 +1,15 @@
 """Checks for chapter 2: positional encodings.
 
-Oracles: a float64 sinusoidal table written from the formula (powers, not logs), RoPE as
-multiplication by unit complex numbers (``torch.polar``) in both pairings, the ALiBi slope
-recipe of the reference implementation, hand-derived values (row 0 of the table, the slopes
-of 8 heads, a 3 x 3 ALiBi bias) and properties: PE(pos + k) = PE(pos) M_k, rotations keep
-norms, a RoPE score depends only on m - n, the NTK rule divides the lowest frequency by the
-scale. For each plausible bug the check computes what that bug would produce and, when the
-answer matches it, names it.
+Oracles: float64 sinusoidal encodings written from the formula (powers, not logs) for any
+positions, RoPE as multiplication by unit complex numbers (``torch.polar``) with per-sequence
+positions, the ALiBi slope recipe of the reference implementation, a row permutation built
+from index arithmetic, attention over the whole sequence (no cache) for the cached step, a
+softmax over distances for ALiBi's reach, hand-derived values (row 0 of the table, the slopes
+of 8 heads, a 2 x 4 cached ALiBi bias, the reach of a slope of 1/8) and properties: PE(pos + k)
+from PE(pos) alone, rotations keep norms, a RoPE score depends only on m - n. Every exercise
+runs on a second dtype (float64, or bfloat16/float16 where rounding is the point). For each
+plausible bug the check computes what that bug would produce and, when the answer matches
+it, names it and the input that shows it.
 """
 
 from __future__ import annotations
@@ -42,45 +45,6 @@ def _sin_table64(seq_len: int, d_model: int, base: float, start: int = 0, freqs:
     if swap:
         s, c = c, s
     return torch.cat((s, c), dim=-1) if halves else _interleave(s, c)
-
-
-def _shift64(k: int, d_model: int, base: float) -> torch.Tensor:
-    """M with PE(pos + k) = PE(pos) @ M: one 2 x 2 rotation block per (sin, cos) pair."""
-    b = k * _freqs64(d_model, base)
-    M = torch.zeros(d_model, d_model, dtype=torch.float64)
-    i = torch.arange(0, d_model, 2)
-    M[i, i], M[i + 1, i + 1] = torch.cos(b), torch.cos(b)
-    M[i, i + 1], M[i + 1, i] = -torch.sin(b), torch.sin(b)
-    return M
-
-
-def _rope64(x: torch.Tensor, positions: torch.Tensor, base: float, pairing: str = "half", sign: float = 1.0,
-            freqs: torch.Tensor | None = None, out_layout: str | None = None) -> torch.Tensor:
-    """RoPE as complex multiplication, in float64.
-
-    pairing "half": entry j pairs with j + d/2; "interleaved": 2j pairs with 2j + 1.
-    out_layout (default: the pairing's own) says how the rotated pairs are written back.
-    """
-    x = x.double()
-    d = x.shape[-1]
-    f = _freqs64(d, base) if freqs is None else freqs
-    angles = sign * positions.double()[:, None] * f                          # (T, d/2)
-    rot = torch.polar(torch.ones_like(angles), angles)                       # (T, d/2), |rot| = 1
-    if pairing == "half":
-        z = torch.complex(x[..., : d // 2], x[..., d // 2:]) * rot           # (..., T, d/2)
-    else:
-        z = torch.complex(x[..., 0::2], x[..., 1::2]) * rot                  # (..., T, d/2)
-    layout = out_layout or pairing
-    return torch.cat((z.real, z.imag), dim=-1) if layout == "half" else _interleave(z.real, z.imag)
-
-
-def _rope_mixed64(x: torch.Tensor, positions: torch.Tensor, base: float) -> torch.Tensor:
-    """rotate_half with an interleaved (repeat_interleave) cos/sin table: the classic mix-up."""
-    x = x.double()
-    d = x.shape[-1]
-    angles = (positions.double()[:, None] * _freqs64(d, base)).repeat_interleave(2, dim=-1)   # (T, d)
-    x1, x2 = x[..., : d // 2], x[..., d // 2:]
-    return x * angles.cos() + torch.cat((-x2, x1), dim=-1) * angles.sin()
 
 
 def _alibi_slopes_oracle(n: int) -> list[float]:
@@ -150,8 +114,8 @@ def _attention_fn(d: int, seed: int, causal: bool = False, positions: bool = Fal
 
     def attention(x: torch.Tensor) -> torch.Tensor:
         if positions:
-            x = x + _sin_table64(x.shape[1], d, 10000.0).float()           # (B, T, d)
-        q, k, v = x @ w_q, x @ w_k, x @ w_v                                  # (B, T, d)
+            x = x + _sin_table64(x.shape[1], d, 10000.0).to(x.dtype)        # (B, T, d)
+        q, k, v = x @ w_q.to(x.dtype), x @ w_k.to(x.dtype), x @ w_v.to(x.dtype)   # (B, T, d)
         scores = q @ k.transpose(-2, -1) / math.sqrt(d)                      # (B, T, T)
         if causal:
             T = x.shape[1]
@@ -220,6 +184,10 @@ def _ex1_cases(hidden: bool) -> list[tuple[str, Callable, torch.Tensor, torch.Te
             ("causal self-attention, another permutation", _attention_fn(d, seed(), causal=True), x7,
              perm8, 1e-5, False),
             ("self-attention without positions, another permutation", _attention_fn(d, seed()), x7, perm8, 1e-5, True),
+            ("self-attention without positions, in float64 with atol=1e-12", _attention_fn(d, seed()), x7.double(),
+             perm7, 1e-12, True),
+            ("self-attention plus a position-dependent term of size 1e-3, in float64",
+             _leaky_fn(_attention_fn(d, seed()), 1e-3), x7.double(), perm8, 1e-12, False),
         ]
     return cases
 
@@ -322,20 +290,29 @@ def _sinusoidal_variants(seq_len: int, d_model: int, base: float) -> list[tuple[
 
 
 def check_sinusoidal_table(sinusoidal_table, hidden: bool = False) -> None:
-    cases = [(6, 8, 10000.0), (50, 16, 100.0)]
+    cases = [(6, 8, 10000.0, torch.float32), (50, 16, 100.0, torch.float32)]
     if hidden:
         rng = hidden_rng("sinusoidal_table")
-        cases += [(1, 4, 10000.0), (128, 512, 10000.0), (33, 10, 500.0), (100, 64, 1e6), (7, 2, 10000.0)]
-        cases += [(rng.randrange(1, 129), 2 * rng.randrange(1, 129), _draw_base(rng)) for _ in range(3)]
-    for seq_len, d_model, base in cases:
-        got = call(sinusoidal_table, seq_len, d_model, base)
-        label = f"sinusoidal_table({seq_len}, {d_model}, base={base:g})"
+        cases += [(1, 4, 10000.0, torch.float32), (128, 512, 10000.0, torch.float32), (33, 10, 500.0, torch.float32),
+                  (100, 64, 1e6, torch.float64), (7, 2, 10000.0, torch.float32)]
+        cases += [(rng.randrange(1, 129), 2 * rng.randrange(1, 129), _draw_base(rng), dtype)
+                  for dtype in (torch.float32, torch.float64, torch.float32)]
+    for seq_len, d_model, base, dtype in cases:
+        got = call(sinusoidal_table, seq_len, d_model, base, **({} if dtype == torch.float32 else {"dtype": dtype}))
+        label = (f"sinusoidal_table({seq_len}, {d_model}, base={base:g}"
+                 + ("" if dtype == torch.float32 else f", dtype={dtype}") + ")")
         expect_tensor(got, (seq_len, d_model), label)
-        expect(got.dtype == torch.float32, f"{label} has dtype {got.dtype}, expected torch.float32.",
-               "build the positions and frequencies as float32 (torch.arange(..., dtype=torch.float32)).")
+        expect(got.dtype == dtype, f"{label} has dtype {got.dtype}, expected {dtype}.",
+               "create the table with the dtype argument (float32 by default), not a fixed dtype.")
         want = _sin_table64(seq_len, d_model, base)
-        if _matches(got, want, atol=2e-5):
+        atol = 2e-5 if dtype == torch.float32 else 1e-12
+        if _matches(got, want, atol=atol):
             continue
+        if dtype == torch.float64 and _matches(got, want, atol=2e-5):
+            fail(f"{label} is right only to float32 accuracy (largest error "
+                 f"{(got.double() - want).abs().max().item():.1e}; float64 allows about 1e-15).",
+                 "the float64 table was computed in float32 and then converted: build the positions and the "
+                 "frequencies in the dtype asked for (torch.arange(..., dtype=dtype)).")
         hint = _diagnose(got, _base_ignored(lambda b: _sin_table64(seq_len, d_model, b), base)
                          + _sinusoidal_variants(seq_len, d_model, base),
                          f"for seq_len={seq_len}, d_model={d_model}, base={base:g}: PE[pos, 2i] = sin(pos * w_i) "
@@ -345,57 +322,118 @@ def check_sinusoidal_table(sinusoidal_table, hidden: bool = False) -> None:
         if not _matches(got[0], row0, atol=1e-6):
             fail(f"{label}: row 0 (position 0) is {[round(v, 3) for v in got[0, :6].tolist()]}..., expected "
                  f"[0, 1, 0, 1, ...] (sin 0 = 0, cos 0 = 1).", hint)
-        expect_close(got.double(), want, label, hint, atol=2e-5)
+        expect_close(got.double(), want, label, hint, atol=atol)
 
 
-def check_sinusoidal_shift_matrix(sinusoidal_shift_matrix, hidden: bool = False) -> None:
-    cases = [(1, 8, 10000.0), (5, 16, 100.0), (0, 6, 10000.0)]
+# ----------------------------------------------------------------------------- exercise 3
+
+def _sin_enc64(positions: torch.Tensor, d_model: int, base: float, freqs: torch.Tensor | None = None,
+               halves: bool = False) -> torch.Tensor:
+    """Sinusoidal encodings of any positions (...,) -> (..., d_model), in float64."""
+    f = _freqs64(d_model, base) if freqs is None else freqs
+    angles = positions.double()[..., None] * f                                  # (..., d_model/2)
+    s, c = angles.sin(), angles.cos()
+    return torch.cat((s, c), dim=-1) if halves else _interleave(s, c)
+
+
+def _shift_rot64(pe: torch.Tensor, k: torch.Tensor, freqs: torch.Tensor) -> torch.Tensor:
+    """Each (sin, cos) pair of pe rotated by k * freqs (what an answer with other frequencies does)."""
+    pe = pe.double()
+    b = k.double()[..., None, None] * freqs                                      # (..., 1, d_model/2)
+    s, c = pe[..., 0::2], pe[..., 1::2]
+    return _interleave(s * b.cos() + c * b.sin(), c * b.cos() - s * b.sin())
+
+
+def _show_k(k: torch.Tensor) -> str:
+    values = [int(v) if v == round(v) else round(v, 3) for v in k.double().flatten().tolist()]
+    if k.dim() == 0:
+        return f"k = {values[0]}"
+    return f"k = {values}" if len(values) <= 6 else f"{len(values)} offsets k from {min(values)} to {max(values)}"
+
+
+def check_shift_encodings(shift_encodings, hidden: bool = False) -> None:
+    """Cases: (start positions of each sequence (...,), T, d_model, k (...,), base, dtype)."""
+    cases = [(torch.tensor([0.0, 7.0]), 5, 8, torch.tensor([3.0, -2.0]), 10000.0, torch.float32),
+             (torch.tensor(4.0), 6, 6, torch.tensor(5.0), 100.0, torch.float32)]
     if hidden:
-        rng = hidden_rng("sinusoidal_shift_matrix")
-        cases += [(37, 64, 10000.0), (-3, 10, 10000.0), (12, 2, 10000.0), (20, 128, 1e6)]
-        cases += [(rng.randrange(-40, 41), 2 * rng.randrange(1, 65), _draw_base(rng)) for _ in range(3)]
-    for k, d_model, base in cases:
-        got = call(sinusoidal_shift_matrix, k, d_model, base)
-        label = f"sinusoidal_shift_matrix({k}, {d_model}, base={base:g})"
-        expect_tensor(got, (d_model, d_model), label)
-        want = _shift64(k, d_model, base)
-        if _matches(got, want):
-            table = _sin_table64(40 + abs(k), d_model, base)                   # property: rows shift by k
-            lo = max(0, -k)
-            expect_close((table[lo:lo + 20] @ got.double()), table[lo + k:lo + k + 20],
-                         f"PE(pos) @ {label}", "each block must rotate its (sin, cos) pair by k * w_i.")
+        g, rng = hidden_generator("shift_encodings"), hidden_rng("shift_encodings")
+        cases += [
+            (torch.tensor([[0.0, 3.0], [10.0, 2.0]]), 4, 16, torch.tensor([[1.5, -0.25], [-7.0, 12.0]]), 10000.0,
+             torch.float32),
+            (torch.tensor([20.0, 5.0, 0.0]), 3, 10, torch.tensor([-4.0, -1.0, -9.0]), 500.0, torch.float32),
+            (torch.tensor([1000.0, 2500.0]), 7, 64, torch.tensor([-37.0, 41.5]), 10000.0, torch.float64),
+        ]
+        for dtype in (torch.float32, torch.float64):
+            lead = tuple(rng.randrange(1, 4) for _ in range(rng.randrange(0, 3)))
+            starts = torch.randint(0, 30, lead, generator=g).double()
+            k = (torch.rand(lead, generator=g, dtype=torch.float64) * 40 - 20)
+            if rng.random() < 0.5:
+                k = k.round()
+            cases.append((starts, rng.randrange(1, 9), 2 * rng.randrange(1, 33), k, _draw_base(rng), dtype))
+    for starts, T, d_model, k, base, dtype in cases:
+        positions = starts.double()[..., None] + torch.arange(T, dtype=torch.float64)      # (..., T)
+        pe = _sin_enc64(positions, d_model, base).to(dtype)                                 # (..., T, d_model)
+        k = k.to(dtype)
+        pe_before, k_before = pe.clone(), k.clone()
+        got = call(shift_encodings, pe, k, base)
+        lead = tuple(starts.shape)
+        label = (f"shift_encodings(pe of shape {tuple(pe.shape)} ({dtype}), {_show_k(k)}, base={base:g})")
+        expect(torch.equal(pe, pe_before) and torch.equal(k, k_before), "shift_encodings changed its inputs in place.",
+               "build new tensors; do not write into pe or k.")
+        expect_tensor(got, tuple(pe.shape), label)
+        expect(got.dtype == dtype, f"{label} returned dtype {got.dtype}, expected {dtype} (that of pe).",
+               "create every new tensor with pe's dtype and device (the angles too).")
+        shift = k.double()[..., None]                                                        # (..., 1)
+        want = _sin_enc64(positions + shift, d_model, base)
+        atol = 2e-5 if dtype == torch.float32 else 1e-10
+        if _matches(got, want, atol=atol):
             continue
-        if k < 0:   # the cases with k >= 0 passed before: the block is right, the sign of k is lost
-            flipped = (f"this case has a negative shift, k = {k}, and the answer shifts by +{-k}: keep the sign of k "
-                       f"(b = k * w_i, no abs(k)); M_k for k < 0 moves PE(pos) back to PE(pos - {-k}), "
-                       "the transpose of M_|k|.")
-        else:
-            flipped = ("the matrix shifts by -k: with row vectors, PE(pos + k) = PE(pos) @ M, so the block is "
-                       "[[cos b, -sin b], [sin b, cos b]] (the transpose of the column-vector rotation).")
-        hint = _diagnose(got, [
-            (lambda: _shift64(-k, d_model, base), flipped),
-            (lambda: torch.eye(d_model, dtype=torch.float64),
-             f"the matrix is the identity (k = {k}): each block must rotate by the angle b = k * w_i."),
-        ] + _base_ignored(lambda b: _shift64(k, d_model, b), base),
-            f"for k={k}, d_model={d_model}, base={base:g}: M is block diagonal; the 2 x 2 block on rows and "
-            "columns (2i, 2i+1) is [[cos b, -sin b], [sin b, cos b]] with b = k * w_i and w_i = base^(-2i/d_model).")
-        expect_close(got.double(), want, label, hint)
+        if dtype == torch.float64 and _matches(got, want, atol=1e-4):
+            fail(f"{label} is right only to float32 accuracy (largest error "
+                 f"{(got.double() - want).abs().max().item():.1e}).",
+                 "these encodings are float64 and the answer computed the angles in float32: build the "
+                 "frequencies and k * w_i in pe's dtype.")
+        negative = bool((k < 0).any())
+        variants = [
+            (lambda: _sin_enc64(positions + shift.abs(), d_model, base) if negative and bool((k > 0).any()) else None,
+             f"the sequences with k >= 0 are right, but those with a negative k ({_show_k(k)}) were shifted by +|k|: "
+             "the rotation itself is right; keep the sign of k (b = k * w_i, no abs(k))."),
+            (lambda: _sin_enc64(positions - shift, d_model, base),
+             "every pair turns the wrong way (the result is PE(pos - k)): sin(a + b) = sin a cos b + cos a sin b and "
+             "cos(a + b) = cos a cos b - sin a sin b."),
+            (lambda: _sin_enc64(positions + shift.abs(), d_model, base) if negative else None,
+             f"this case has a negative shift ({_show_k(k)}) and the answer shifts by +|k|: keep the sign of k "
+             "(b = k * w_i, no abs(k))."),
+            (lambda: _sin_enc64(positions + shift, d_model, base, halves=True),
+             "the shifted pairs were written back as all sines then all cosines: pair i goes back to columns 2i "
+             "(sin) and 2i + 1 (cos)."),
+            (lambda: _shift_rot64(pe, k, base ** (-torch.arange(d_model // 2, dtype=torch.float64) / d_model)),
+             "the exponent of w_i is 2i/d_model (i = 0 .. d_model/2 - 1), not i/d_model."),
+            (lambda: _sin_enc64(positions + (k.double().reshape(-1)[None, :] if k.dim() == 1 and
+                                             k.numel() == positions.shape[-1] else float("nan")), d_model, base),
+             "k holds one offset per sequence (shape pe.shape[:-2]): it must broadcast over the T positions and "
+             "the pairs, k[..., None, None]."),
+        ] + _base_ignored(lambda b: _shift_rot64(pe, k, _freqs64(d_model, b)), base)
+        hint = _diagnose(got, variants,
+                         f"for {_show_k(k)} and base={base:g}: with (s, c) = (pe[..., 2i], pe[..., 2i+1]) and "
+                         "b = k * w_i, the pair becomes (s cos b + c sin b, c cos b - s sin b), with k broadcast "
+                         "over the positions of its sequence.", atol=atol if dtype == torch.float32 else 1e-5)
+        expect_close(got.double(), want, label, hint, atol=atol)
 
 
 # ----------------------------------------------------------------------------- exercise 4
 
 def check_learned_positional_embedding(LearnedPositionalEmbedding, hidden: bool = False) -> None:
-    configs = [(24, 64, 25)]
+    configs = [(24, 64)]
     if hidden:
         rng = hidden_rng("learned_positional_embedding")
-        configs += [(37, 24, 50), (512, 16, 513)]
+        configs += [(37, 48), (512, 16)]
         for _ in range(2):
             # At least 1500 entries, so that the std of the initial table is measured within 3%.
-            max_len = rng.randrange(2, 300)
-            d_model = rng.randrange(max(4, -(-1500 // max_len)), max(5, -(-1500 // max_len)) + 64)
-            configs.append((max_len, d_model, max_len + rng.randrange(1, 20)))
+            max_len = rng.randrange(4, 300)
+            configs.append((max_len, rng.randrange(max(4, -(-1500 // max_len)), max(5, -(-1500 // max_len)) + 64)))
     g = generator(71) if not hidden else hidden_generator("learned_positional_embedding")
-    for i, (max_len, d_model, too_long) in enumerate(configs):
+    for i, (max_len, d_model) in enumerate(configs):
         torch.manual_seed(72 + max_len if not hidden else hidden_seed(f"learned_positional_embedding/init{i}"))
         module = call(LearnedPositionalEmbedding, max_len, d_model, name="LearnedPositionalEmbedding(...)")
         weight = getattr(module, "weight", None)
@@ -408,78 +446,116 @@ def check_learned_positional_embedding(LearnedPositionalEmbedding, hidden: bool 
         std = weight.detach().std().item()
         expect(0.017 < std < 0.023, f"the initial weights have std {std:.4f}, expected about 0.02.",
                "initialise with nn.init.normal_(weight, mean=0.0, std=0.02) (torch.randn has std 1).")
-        lengths = [1, max_len // 2 + 1, max_len]
-        for T in lengths:
+        # (T, offset): from the start, an exact fit, a continuation after a cache of `offset` positions.
+        runs = [(1, 0), (max_len // 2 + 1, 0), (max_len, 0), (3, max_len - 3), (2, max_len // 3 + 1)]
+        for T, offset in runs:
             x = torch.randn(2, T, d_model, generator=g)
             x_before = x.clone()
+            where = f"T={T}" + (f", offset={offset}" if offset else "")
             try:
-                out = module(x)
+                out = module(x, offset) if offset else module(x)
             except NotImplementedError:
                 raise
             except ValueError as err:
-                if T == max_len:
-                    fail(f"a sequence of length {T} = max_len raised ValueError: {err}",
-                         "a sequence of exactly max_len positions fits (positions 0 .. max_len - 1): raise only "
-                         "when T > max_len, not T >= max_len.")
-                raise CheckFailed(f"a sequence of length {T} (max_len {max_len}) raised ValueError: {err}\n"
-                                  f"Likely mistake: raise only when T > max_len.") from err
+                if offset + T == max_len:
+                    fail(f"a sequence ending exactly at max_len ({where}, max_len={max_len}) raised ValueError: {err}",
+                         "positions offset .. offset + T - 1 fit when offset + T <= max_len (the last row is "
+                         "max_len - 1): raise only when offset + T > max_len.")
+                raise CheckFailed(f"LearnedPositionalEmbedding with {where} (max_len {max_len}) raised ValueError: "
+                                  f"{err}\nLikely mistake: raise only when offset + T > max_len.") from err
             except Exception as err:
-                raise CheckFailed(f"LearnedPositionalEmbedding.forward raised {type(err).__name__}: {err}\n"
-                                  "Likely mistake: read the traceback above this message.") from err
+                raise CheckFailed(f"LearnedPositionalEmbedding.forward with {where} raised {type(err).__name__}: "
+                                  f"{err}\nLikely mistake: forward(x, offset=0) adds rows offset .. offset + T - 1; "
+                                  f"read the traceback above this message.") from err
             expect(torch.equal(x, x_before), "forward changed its input x in place.",
-                   "return x + self.weight[:T]; do not use += on x.")
-            expect_tensor(out, (2, T, d_model), f"LearnedPositionalEmbedding output for T={T}")
-            want = x_before + weight.detach()[:T]
+                   "return x + the rows of the table; do not use += on x.")
+            expect_tensor(out, (2, T, d_model), f"LearnedPositionalEmbedding output for {where}")
+            want = x_before + weight.detach()[offset:offset + T]
             if not _matches(out, want.double()):
-                hint = "forward returns x + weight[:T]: row t of the table is added at position t."
-                if _matches(out, weight.detach()[:T].expand(2, T, d_model).double()):
-                    hint = "forward must add the positions to x (x + weight[:T]), not return the positions alone."
-                fail(f"LearnedPositionalEmbedding output for T={T} is wrong.", hint)
+                hint = f"with {where}: position t of the input is absolute position offset + t: add weight[offset:offset + T]."
+                if offset and _matches(out, (x_before + weight.detach()[:T]).double()):
+                    hint = (f"the offset was ignored (here {where}): the input continues a sequence whose first "
+                            f"{offset} positions came before, so add weight[offset:offset + T], not weight[:T].")
+                elif _matches(out, weight.detach()[offset:offset + T].expand(2, T, d_model).double()):
+                    hint = "forward must add the positions to x, not return the positions alone."
+                fail(f"LearnedPositionalEmbedding output for {where} is wrong.", hint)
+        # A second dtype: the module converted to float64 works on float64 inputs.
+        if i == 0 or hidden:
+            module64 = module.double()
+            x64 = torch.randn(2, 3, d_model, generator=g, dtype=torch.float64)
+            out64 = call(module64, x64, 1, name="LearnedPositionalEmbedding(...).double()")
+            expect(isinstance(out64, torch.Tensor) and out64.dtype == torch.float64,
+                   f"after .double(), a float64 input gave {getattr(out64, 'dtype', type(out64).__name__)}, "
+                   "expected float64.",
+                   "keep the table as a registered nn.Parameter (so .double() converts it) and add it as it is.")
+            module.float()
         module.zero_grad()
-        T = max_len // 2 + 1
-        out = module(torch.randn(3, T, d_model, generator=g))
+        T, offset = max_len // 2, max_len // 4
+        out = module(torch.randn(3, T, d_model, generator=g), offset)
         expect(isinstance(out, torch.Tensor) and out.requires_grad,
                "the output of LearnedPositionalEmbedding carries no gradient: weight cannot be trained.",
-               "do not detach or copy the table in forward: add self.weight[:T] itself.")
+               "do not detach or copy the table in forward: add the slice of self.weight itself.")
         out.sum().backward()
         expect(weight.grad is not None, "no gradient reached weight.", "do not detach or copy the table in forward.")
         used = weight.grad.abs().sum(dim=1) > 0
-        expect(used[:T].all().item() and not used[T:].any().item(),
-               f"with T={T}, the gradient should reach rows 0 .. {T - 1} of weight and no others.",
-               "add weight[:T], the first T rows, one per position.")
-        try:
-            module(torch.randn(1, too_long, d_model, generator=g))
-        except NotImplementedError:
-            raise
-        except ValueError as err:
-            message = str(err)
-            expect(str(too_long) in message and str(max_len) in message,
-                   f"the ValueError for length {too_long} > max_len {max_len} says {message!r}: it should name both.",
-                   "name both lengths in the message, e.g. f'sequence length {T} exceeds max_len {self.max_len}'.")
-        except Exception as err:
-            fail(f"a sequence of length {too_long} > max_len {max_len} raised {type(err).__name__} ({err}), "
-                 f"not ValueError.",
-                 "check the length yourself before indexing and raise ValueError naming both lengths.")
-        else:
-            fail(f"a sequence of length {too_long} > max_len {max_len} did not raise ValueError.",
-                 "check the length yourself before indexing and raise ValueError naming both lengths "
-                 "(slicing weight[:T] silently returns only max_len rows).")
+        expect(used[offset:offset + T].all().item() and not used[:offset].any().item()
+               and not used[offset + T:].any().item(),
+               f"with T={T} and offset={offset}, the gradient should reach rows {offset} .. {offset + T - 1} of "
+               "weight and no others.", "add weight[offset:offset + T], one row per absolute position.")
+        # Too long: past max_len from position 0, and past max_len only because of the offset.
+        for T, offset in [(max_len + 1 + (i % 3), 0), (max_len - 1, 2)]:
+            try:
+                module(torch.randn(1, T, d_model, generator=g), offset) if offset else \
+                    module(torch.randn(1, T, d_model, generator=g))
+            except NotImplementedError:
+                raise
+            except ValueError as err:
+                message = str(err)
+                expect(str(offset + T) in message and str(max_len) in message,
+                       f"the ValueError for positions up to {offset + T - 1} (offset {offset}, T {T}) with max_len "
+                       f"{max_len} says {message!r}: it should name both offset + T = {offset + T} and max_len.",
+                       "name both numbers in the message, e.g. f'positions up to {offset + T} exceed max_len "
+                       "{self.max_len}'.")
+            except Exception as err:
+                hint = ("check the length yourself before indexing and raise ValueError naming offset + T and "
+                        "max_len.")
+                if offset:
+                    hint = (f"here T={T} fits on its own but offset + T = {offset + T} > max_len = {max_len}: the "
+                            "length check must include the offset (offset + T > max_len), before indexing.")
+                fail(f"a sequence needing positions up to {offset + T - 1} (T={T}, offset={offset}, max_len "
+                     f"{max_len}) raised {type(err).__name__} ({str(err).splitlines()[0]}), not ValueError.", hint)
+            else:
+                hint = ("check the length yourself before indexing and raise ValueError naming both numbers "
+                        "(slicing the table silently returns fewer rows).")
+                if offset:
+                    hint = (f"here T={T} fits on its own but offset + T = {offset + T} > max_len = {max_len}: the "
+                            "length check must include the offset (offset + T > max_len).")
+                fail(f"a sequence needing positions up to {offset + T - 1} (T={T}, offset={offset}, max_len "
+                     f"{max_len}) did not raise ValueError.", hint)
 
 
 # ----------------------------------------------------------------------------- exercise 5
 
 def check_rope_frequencies(rope_frequencies, hidden: bool = False) -> None:
-    cases = [(8, 10000.0), (64, 500.0)]
+    cases = [(8, 10000.0, None), (64, 500.0, None)]
     if hidden:
         rng = hidden_rng("rope_frequencies")
-        cases += [(2, 10000.0), (128, 1e6), (6, 10.0)] + [(2 * rng.randrange(1, 129), _draw_base(rng)) for _ in range(3)]
-    for d_head, base in cases:
-        got = call(rope_frequencies, d_head, base)
-        label = f"rope_frequencies({d_head}, base={base:g})"
+        cases += [(2, 10000.0, None), (128, 1e6, torch.float64), (6, 10.0, None)]
+        cases += [(2 * rng.randrange(1, 129), _draw_base(rng), dtype) for dtype in (None, torch.float64, None)]
+    for d_head, base, dtype in cases:
+        got = call(rope_frequencies, d_head, base, **({} if dtype is None else {"dtype": dtype}))
+        dtype = dtype or torch.float32
+        label = f"rope_frequencies({d_head}, base={base:g}" + (")" if dtype == torch.float32 else f", dtype={dtype})")
         expect_tensor(got, (d_head // 2,), label)
+        expect(got.dtype == dtype, f"{label} has dtype {got.dtype}, expected {dtype}.",
+               "create the frequencies with the dtype argument (float32 by default).")
         want = _freqs64(d_head, base)
-        if _matches(got, want, atol=1e-7):
+        atol, rtol = (1e-7, 1e-5) if dtype == torch.float32 else (1e-15, 1e-12)
+        if torch.allclose(got.double(), want, atol=atol, rtol=rtol):
             continue
+        if dtype == torch.float64 and _matches(got, want, atol=1e-7):
+            fail(f"{label} is right only to float32 accuracy.", "the float64 frequencies were computed in float32 "
+                 "and converted: build torch.arange(0, d_head, 2, dtype=dtype) and compute in that dtype.")
         j = torch.arange(d_head // 2, dtype=torch.float64)
         hint = _diagnose(got, [
             (lambda: base ** (-j / d_head), "the exponent is 2j/d_head (j = 0 .. d_head/2 - 1), not j/d_head: "
@@ -488,7 +564,7 @@ def check_rope_frequencies(rope_frequencies, hidden: bool = False) -> None:
         ] + _base_ignored(lambda b: _freqs64(d_head, b), base),
             f"for d_head={d_head}, base={base:g}: theta_j = base^(-2j/d_head) = exp(-2j * ln(base) / d_head), "
             "j = 0 .. d_head/2 - 1.", atol=1e-7)
-        expect_close(got.double(), want, label, hint, atol=1e-7)
+        expect_close(got.double(), want, label, hint, atol=atol)
 
 
 def check_rotate_half(rotate_half, hidden: bool = False) -> None:
@@ -499,8 +575,8 @@ def check_rotate_half(rotate_half, hidden: bool = False) -> None:
         shapes += [(*(rng.randrange(1, 5) for _ in range(rng.randrange(0, 3))), 2 * rng.randrange(1, 17))
                    for _ in range(2)]
     g = generator(81) if not hidden else hidden_generator("rotate_half")
-    for shape in shapes:
-        x = torch.randn(*shape, generator=g)
+    for n, shape in enumerate(shapes):
+        x = torch.randn(*shape, generator=g, dtype=torch.float64 if n % 2 else torch.float32)
         x_before = x.clone()
         got = call(rotate_half, x)
         expect(torch.equal(x, x_before), "rotate_half changed its input in place.", "build a new tensor with torch.cat.")
@@ -509,6 +585,8 @@ def check_rotate_half(rotate_half, hidden: bool = False) -> None:
         x1, x2 = x[..., : d // 2], x[..., d // 2:]
         want = torch.cat((-x2, x1), dim=-1).double()
         if _matches(got, want, atol=0):
+            expect(got.dtype == x.dtype, f"rotate_half of a {x.dtype} tensor returned {got.dtype}.",
+                   "keep the input's dtype: torch.cat of its own halves does.")
             continue
         hint = _diagnose(got, [
             (lambda: torch.cat((x2, -x1), dim=-1).double(),
@@ -522,51 +600,34 @@ def check_rotate_half(rotate_half, hidden: bool = False) -> None:
         fail(f"rotate_half of shape {shape} gave the wrong values.", hint)
 
 
-def _rope_variants(x: torch.Tensor, positions: torch.Tensor, base: float, pairing: str) -> list[tuple[Callable, str]]:
+def _rope_b64(x: torch.Tensor, positions: torch.Tensor, base: float, pairing: str = "half", sign: float = 1.0,
+              freqs: torch.Tensor | None = None, heads_as_batch: bool = False) -> torch.Tensor:
+    """RoPE of x (B, H, T, d) with positions (T,) or (B, T), in float64 (complex multiplication).
+
+    heads_as_batch: what broadcasting (B, T, d) angles against (B, H, T, d) does when B == H."""
+    x = x.double()
     d = x.shape[-1]
-    j = torch.arange(d // 2, dtype=torch.float64)
-    other = "interleaved" if pairing == "half" else "half"
+    f = _freqs64(d, base) if freqs is None else freqs
+    angles = sign * positions.double()[..., None] * f                          # (T, d/2) or (B, T, d/2)
+    if angles.dim() == 3 and not heads_as_batch:
+        angles = angles[:, None]                                                # (B, 1, T, d/2)
+    rot = torch.polar(torch.ones_like(angles), angles)
     if pairing == "half":
-        pairing_hints = [
-            (lambda: _rope64(x, positions, base, "interleaved"),
-             "this is the interleaved pairing (2j with 2j + 1); apply_rope uses the half-split pairing: entry j pairs "
-             "with entry j + d_head/2, as rotate_half does."),
-            (lambda: _rope_mixed64(x, positions, base),
-             "the two RoPE pairings are mixed: rotate_half pairs j with j + d_head/2, so both halves need the same "
-             "angles, torch.cat((angles, angles), dim=-1); repeat_interleave(2) is the layout of the interleaved "
-             "pairing."),
-        ]
-    else:
-        pairing_hints = [
-            (lambda: _rope64(x, positions, base, "half"),
-             "this is the half-split pairing (j with j + d_head/2); apply_rope_interleaved pairs neighbouring entries "
-             "2j and 2j + 1 (x[..., 0::2] with x[..., 1::2])."),
-            (lambda: _rope64(x, positions, base, "half", out_layout="interleaved"),
-             "this is the half-split pairing (j with j + d_head/2) written back in interleaved order; "
-             "apply_rope_interleaved pairs neighbouring entries 2j and 2j + 1 (x[..., 0::2] with x[..., 1::2])."),
-            (lambda: _rope64(x, positions, base, "interleaved", out_layout="half"),
-             "the pairs were rotated correctly but written back in half-split order (all first members, then all "
-             "second members): in the interleaved pairing, rotated pair j goes back to entries 2j and 2j + 1 "
-             "(torch.stack(..., dim=-1).flatten(-2), not torch.cat)."),
-        ]
-    return pairing_hints + [
-        (lambda: _rope64(x, positions, base, pairing, sign=-1.0),
-         "every pair turns the wrong way (by -m * theta_j): the rotated pair is (a cos - b sin, a sin + b cos); "
-         "for rotate_half that means cat(-x2, x1)."),
-        (lambda: _rope64(x, positions, base, pairing, freqs=base ** (-j / d)),
-         "the exponent of theta_j is 2j/d_head, not j/d_head."),
-        (lambda: _rope64(x, positions + 1, base, pairing),
-         "the positions were shifted by one: use the given positions as they are."),
-        (lambda: _rope64(x, positions.double().trunc(), base, pairing) if _fractional(positions) else None,
-         f"the positions here are fractional ({_show_positions(positions)}) and the answer rounded them to "
-         "integers: keep them as floats (positions.to(x.dtype)), not .long() or .int(); interpolated positions "
-         "are fractional."),
-        (lambda: _rope64(x, positions, 10000.0, pairing) if base != 10000.0 else None,
-         f"this case uses base={base:g}, and the answer matches base 10000: use the base argument, "
-         "not a hard-coded 10000."),
-        (lambda: _rope64(x, positions, base, other, sign=-1.0),
-         f"wrong pairing and wrong direction: see the exercise text for the {pairing} pairing."),
-    ]
+        z = torch.complex(x[..., : d // 2], x[..., d // 2:]) * rot
+        return torch.cat((z.real, z.imag), dim=-1)
+    z = torch.complex(x[..., 0::2], x[..., 1::2]) * rot
+    return _interleave(z.real, z.imag)
+
+
+def _rope_mixed_b64(x: torch.Tensor, positions: torch.Tensor, base: float) -> torch.Tensor:
+    """rotate_half with an interleaved (repeat_interleave) cos/sin table: the classic mix-up."""
+    x = x.double()
+    d = x.shape[-1]
+    angles = (positions.double()[..., None] * _freqs64(d, base)).repeat_interleave(2, dim=-1)
+    if angles.dim() == 3:
+        angles = angles[:, None]
+    x1, x2 = x[..., : d // 2], x[..., d // 2:]
+    return x * angles.cos() + torch.cat((-x2, x1), dim=-1) * angles.sin()
 
 
 def _fractional(positions: torch.Tensor) -> bool:
@@ -574,147 +635,220 @@ def _fractional(positions: torch.Tensor) -> bool:
     return bool((p != p.round()).any())
 
 
-def _check_rope(apply_fn: Callable, name: str, pairing: str, hidden: bool) -> None:
-    g = generator(91 if pairing == "half" else 92)
-    cases = [((6, 8), torch.arange(6), 10000.0),
-             ((2, 3, 5, 16), torch.tensor([0, 3, 7, 12, 40]), 100.0)]
+def _rope_cases(hidden: bool) -> list[tuple[tuple[int, ...], torch.Tensor, float, torch.dtype]]:
+    """(shape of x (B, H, T, d_head), positions (T,) or (B, T), base, dtype)."""
+    cases = [((2, 2, 4, 8), torch.tensor([[0, 1, 2, 3], [5, 6, 7, 8]]), 10000.0, torch.float32),
+             ((2, 3, 5, 16), torch.tensor([0, 3, 7, 12, 40]), 100.0, torch.float32)]
     if hidden:
-        g = hidden_generator(name)
-        rng = hidden_rng(name)
-        cases += [((4, 2), torch.arange(4), 10000.0),
-                  ((3, 2, 7, 64), torch.arange(7) * 5, 10000.0),
-                  ((2, 9, 32), torch.tensor([0.0, 0.5, 1.25, 2.0, 7.5, 10.0, 11.0, 30.25, 31.0]), 10000.0),
-                  ((1, 4, 6, 10), torch.arange(10, 16), 1e6)]
-        for _ in range(2):
-            # Positions up to 40, as in the cases above: float32 angles stay within the tolerance.
-            T = rng.randrange(1, 13)
-            shape = (*(rng.randrange(1, 4) for _ in range(rng.randrange(0, 3))), T, 2 * rng.randrange(1, 33))
+        g, rng = hidden_generator("apply_rope/positions"), hidden_rng("apply_rope")
+        cases += [((1, 1, 4, 2), torch.arange(4), 10000.0, torch.float32),
+                  ((3, 2, 7, 64), torch.arange(7)[None] * 5 + torch.tensor([[0], [2], [30]]), 10000.0, torch.float32),
+                  ((2, 1, 9, 32), torch.tensor([0.0, 0.5, 1.25, 2.0, 7.5, 10.0, 11.0, 30.25, 31.0]), 10000.0,
+                   torch.float32),
+                  ((2, 3, 6, 32), (torch.rand(2, 6, generator=g, dtype=torch.float64) * 900).sort().values, 500.0,
+                   torch.float64),
+                  ((2, 4, 16, 64), torch.arange(16)[None] + torch.tensor([[0], [3000]]), 10000.0, torch.bfloat16)]
+        for dtype in (torch.float32, torch.float64):
+            # Positions up to 40 in float32, as above: float32 angles stay within the tolerance.
+            B, H, T = rng.randrange(1, 4), rng.randrange(1, 4), rng.randrange(1, 13)
+            shape = (B, H, T, 2 * rng.randrange(1, 33))
             if rng.random() < 0.5:
-                positions = torch.arange(T) * rng.randrange(1, 4) + rng.randrange(0, 4)
+                positions = torch.arange(T)[None] * rng.randrange(1, 3) + torch.randint(0, 20, (B, 1), generator=g)
             else:
                 positions = (torch.rand(T, generator=g) * 40).sort().values
-            cases.append((shape, positions, _draw_base(rng)))
-    for shape, positions, base in cases:
-        x = torch.randn(*shape, generator=g)
+            cases.append((shape, positions, _draw_base(rng), dtype))
+    return cases
+
+
+_TOLERANCE = {torch.float32: 2e-5, torch.float64: 1e-10, torch.bfloat16: 4e-2, torch.float16: 1e-2}
+
+
+def _rope_close(got: torch.Tensor, want: torch.Tensor, dtype: torch.dtype) -> bool:
+    rtol = 2e-2 if dtype in (torch.bfloat16, torch.float16) else 1e-5
+    return got.shape == want.shape and bool(torch.allclose(got.detach().double(), want, atol=_TOLERANCE[dtype],
+                                                           rtol=rtol))
+
+
+def check_apply_rope(apply_rope, hidden: bool = False) -> None:
+    g = generator(91) if not hidden else hidden_generator("apply_rope")
+    for shape, positions, base, dtype in _rope_cases(hidden):
+        x = torch.randn(*shape, generator=g).to(dtype)
         x_before = x.clone()
-        got = call(apply_fn, x, positions, base)
-        label = f"{name} on x of shape {shape}, {_show_positions(positions)}, base={base:g}"
-        expect(torch.equal(x, x_before), f"{name} changed its input x in place.", "return a new tensor.")
+        got = call(apply_rope, x, positions, base)
+        label = (f"apply_rope on x of shape {shape} ({dtype}), {_show_positions(positions)}"
+                 + (f" (shape {tuple(positions.shape)}, one row per sequence)" if positions.dim() == 2 else "")
+                 + f", base={base:g}")
+        expect(torch.equal(x, x_before), "apply_rope changed its input x in place.", "return a new tensor.")
         expect_tensor(got, shape, label)
-        want = _rope64(x, positions, base, pairing)
-        if _matches(got, want, atol=2e-5):
-            expect_close(got.double().norm(dim=-1), x.double().norm(dim=-1), f"the norms of {label}",
-                         "a rotation keeps the length of every vector.", atol=1e-4)
+        expect(got.dtype == dtype, f"{label} returned dtype {got.dtype}, expected {dtype} (that of x).",
+               "return the result in x's dtype: compute the angles in float32 (float64 for float64 x), then cast "
+               "cos and sin, or the result, to x.dtype.")
+        want = _rope_b64(x, positions, base)
+        if _rope_close(got, want, dtype):
+            if dtype != torch.bfloat16:
+                expect_close(got.double().norm(dim=-1), x.double().norm(dim=-1), f"the norms of {label}",
+                             "a rotation keeps the length of every vector.", atol=1e-4)
             continue
-        default = ("rotate pair j by the angle position * theta_j with theta_j = base^(-2j/d_head); "
-                   + ("pairs are (j, j + d_head/2): x * cos + rotate_half(x) * sin with cos/sin of "
-                      "torch.cat((angles, angles), -1)." if pairing == "half" else
-                      "pairs are (2j, 2j + 1): (a cos - b sin, a sin + b cos) written back to 2j, 2j + 1."))
-        hint = _diagnose(got, _rope_variants(x, positions, base, pairing), default, atol=2e-5)
-        if hint is default:
+        if dtype == torch.float64 and _matches(got, want, atol=1e-4):
+            fail(f"{label} is right only to float32 accuracy (largest error "
+                 f"{(got.double() - want).abs().max().item():.1e}).",
+                 "for float64 x, compute the frequencies and angles in float64 (rope_frequencies(..., "
+                 "dtype=x.dtype)), not in float32.")
+        if dtype == torch.bfloat16 and _matches(got, want, atol=8.0):
+            err = (got.double() - want).abs().max().item()
+            if err > 0.2:
+                fail(f"{label} is off by up to {err:.2f}: far more than bfloat16 rounding (about 0.02).",
+                     "the angles were computed in bfloat16: with 8 bits of mantissa, positions above 256 are "
+                     "rounded (3001 becomes 3008) and the angles are off by radians. Compute positions * theta, "
+                     "cos and sin in float32, then cast to x.dtype.")
+        d = shape[-1]
+        j = torch.arange(d // 2, dtype=torch.float64)
+        B, H = shape[0], shape[1]
+        hint = _diagnose(got, [
+            (lambda: _rope_b64(x, positions, base, heads_as_batch=True) if positions.dim() == 2 and B == H else None,
+             f"positions has one row per sequence, shape {tuple(positions.shape)} = (B, T), and here B = H = {B}: "
+             "the angles (B, T, d_head) were broadcast against x (B, H, T, d_head) from the right, so row b "
+             "rotated head b of every sequence. Insert the head axis: angles of shape (B, 1, T, d_head)."),
+            (lambda: _rope_b64(x, positions, base, "interleaved"),
+             "this is the interleaved pairing (2j with 2j + 1); apply_rope uses the half-split pairing: entry j pairs "
+             "with entry j + d_head/2, as rotate_half does."),
+            (lambda: _rope_mixed_b64(x, positions, base),
+             "the two RoPE pairings are mixed: rotate_half pairs j with j + d_head/2, so both halves need the same "
+             "angles, torch.cat((angles, angles), dim=-1); repeat_interleave(2) is the layout of the interleaved "
+             "pairing."),
+            (lambda: _rope_b64(x, positions, base, sign=-1.0),
+             "every pair turns the wrong way (by -m * theta_j): the rotated pair is (a cos - b sin, a sin + b cos); "
+             "for rotate_half that means cat(-x2, x1)."),
+            (lambda: _rope_b64(x, positions, base, freqs=base ** (-j / d)),
+             "the exponent of theta_j is 2j/d_head, not j/d_head."),
+            (lambda: _rope_b64(x, positions + 1, base),
+             "the positions were shifted by one: use the given positions as they are."),
+            (lambda: _rope_b64(x, positions.double().trunc(), base) if _fractional(positions) else None,
+             f"the positions here are fractional ({_show_positions(positions)}) and the answer rounded them to "
+             "integers: keep them as floats (positions.float()), not .long() or .int(); interpolated positions "
+             "are fractional."),
+            (lambda: _rope_b64(x, positions, 10000.0) if base != 10000.0 else None,
+             f"this case uses base={base:g}, and the answer matches base 10000: use the base argument, "
+             "not a hard-coded 10000."),
+        ], f"for {_show_positions(positions)} and base={base:g}: rotate pair j (entries j and j + d_head/2) of "
+           "position t by positions[..., t] * theta_j: x * cos + rotate_half(x) * sin, with cos and sin of shape "
+           "(T, d_head) for positions (T,) and (B, 1, T, d_head) for positions (B, T).",
+            atol=max(_TOLERANCE[dtype], 2e-5))
+        if hint.startswith("for "):
             zero = positions == 0
-            if zero.any() and not _matches(got[..., zero, :], x[..., zero, :].double(), atol=1e-6):
+            if positions.dim() == 1 and zero.any() and not _matches(got[..., zero, :], x[..., zero, :].double(), 1e-6):
                 fail(f"{label}: at position 0 the vectors changed.", "at position 0 every angle is 0 and the "
-                     "rotation is the identity. " + default)
-            if not torch.allclose(got.double().norm(dim=-1), x.double().norm(dim=-1), atol=1e-4, rtol=1e-4):
+                     "rotation is the identity. " + hint)
+            if dtype != torch.bfloat16 and not torch.allclose(got.double().norm(dim=-1), x.double().norm(dim=-1),
+                                                              atol=1e-4, rtol=1e-4):
                 fail(f"{label}: the vectors' norms changed; a rotation keeps them.",
                      "both members of a pair must be rotated by the same angle with cos and sin of that angle. "
-                     + default)
-        expect_close(got.double(), want, label, hint, atol=2e-5)
+                     + hint)
+        expect_close(got.double(), want, label, hint, atol=_TOLERANCE[dtype])
     # The property RoPE exists for: the score of q at m and k at n depends only on m - n.
     d = 16
-    q, k = torch.randn(d, generator=g), torch.randn(d, generator=g)
+    q, k = torch.randn(1, 1, 1, d, generator=g), torch.randn(1, 1, 1, d, generator=g)
     for shift in (3, 17):
         m, n = torch.tensor([5, 2, 9]), torch.tensor([1, 2, 14])
-        s0 = (call(apply_fn, q.repeat(3, 1), m, 10000.0) * call(apply_fn, k.repeat(3, 1), n, 10000.0)).sum(-1)
-        s1 = (call(apply_fn, q.repeat(3, 1), m + shift, 10000.0) * call(apply_fn, k.repeat(3, 1), n + shift, 10000.0)).sum(-1)
+        qs, ks = q.expand(1, 1, 3, d), k.expand(1, 1, 3, d)
+        s0 = (call(apply_rope, qs, m, 10000.0) * call(apply_rope, ks, n, 10000.0)).sum(-1)
+        s1 = (call(apply_rope, qs, m + shift, 10000.0) * call(apply_rope, ks, n + shift, 10000.0)).sum(-1)
         expect_close(s1, s0.detach(), f"the scores after shifting both positions by {shift}",
                      "a RoPE score must depend only on m - n: rotate q and k by position * theta_j, the same "
                      "theta_j for both.", atol=1e-4)
 
 
-def check_apply_rope(apply_rope, hidden: bool = False) -> None:
-    _check_rope(apply_rope, "apply_rope", "half", hidden)
-
-
 # ----------------------------------------------------------------------------- exercise 6
 
-def check_apply_rope_interleaved(apply_rope_interleaved, rope_frequencies=None, hidden: bool = False) -> None:
-    """rope_frequencies, when given, is the exercise 5 answer it may call: a failure it causes is
-    blamed on it."""
-    earlier = [] if rope_frequencies is None else [
-        ("apply_rope_interleaved may call your rope_frequencies, which fails exercise 5's tests",
-         lambda: check_rope_frequencies(rope_frequencies))]
-    with earlier_first(*earlier):
-        _check_rope(apply_rope_interleaved, "apply_rope_interleaved", "interleaved", hidden)
+def _conversion_order(n_heads: int, n_kv_heads: int, d_head: int, kind: str = "right") -> torch.Tensor:
+    """Row order of the fused (q, k, v) weight after the conversion (and what common bugs give)."""
+    half = d_head // 2
+    to_interleaved = torch.stack((torch.arange(half), torch.arange(half) + half), dim=-1).flatten()   # [0, h, 1, h+1, ...]
+    to_half = torch.cat((torch.arange(0, d_head, 2), torch.arange(1, d_head, 2)))                      # [0, 2, ..., 1, 3, ...]
+    per_head = to_half if kind == "opposite" else to_interleaved
+    rows_q, rows_kv = n_heads * d_head, n_kv_heads * d_head
+    blocks = []
+    q = (torch.arange(n_heads)[:, None] * d_head + per_head).flatten()
+    if kind == "whole_block":
+        q = torch.stack((torch.arange(rows_q // 2), torch.arange(rows_q // 2) + rows_q // 2), dim=-1).flatten()
+    blocks.append(q)
+    k = rows_q + (torch.arange(n_kv_heads)[:, None] * d_head + per_head).flatten()
+    if kind == "whole_block":
+        k = rows_q + torch.stack((torch.arange(rows_kv // 2), torch.arange(rows_kv // 2) + rows_kv // 2), dim=-1).flatten()
+    blocks.append(torch.arange(rows_q, rows_q + rows_kv) if kind == "k_untouched" else k)
+    v = rows_q + rows_kv + (torch.arange(n_kv_heads)[:, None] * d_head + per_head).flatten()
+    blocks.append(v if kind == "v_permuted" else torch.arange(rows_q + rows_kv, rows_q + 2 * rows_kv))
+    return torch.cat(blocks)
 
 
-def _row_order(n_heads: int, d_head: int, kind: str) -> torch.Tensor:
-    perm = torch.cat((torch.arange(0, d_head, 2), torch.arange(1, d_head, 2)))      # (d_head,)
-    if kind == "inverse":
-        perm = torch.argsort(perm)
-    if kind == "global":
-        return torch.cat((torch.arange(0, n_heads * d_head, 2), torch.arange(1, n_heads * d_head, 2)))
-    return (torch.arange(n_heads)[:, None] * d_head + perm).flatten()                  # (n_heads * d_head,)
-
-
-def _rope_scores(w_q: torch.Tensor, w_k: torch.Tensor, x: torch.Tensor, n_heads: int, pairing: str) -> torch.Tensor:
+def _gqa_rope_scores(w: torch.Tensor, x: torch.Tensor, n_heads: int, n_kv_heads: int, pairing: str) -> torch.Tensor:
+    """Scores (n_heads, T, T) of a fused (q, k, v) weight with RoPE of the given pairing, keys shared by groups."""
     T = x.shape[0]
+    d_head = w.shape[0] // (n_heads + 2 * n_kv_heads)
+    w = w.double()
+    q = (x.double() @ w[: n_heads * d_head].T).view(T, n_heads, d_head).transpose(0, 1)[None]
+    k = (x.double() @ w[n_heads * d_head: (n_heads + n_kv_heads) * d_head].T).view(T, n_kv_heads, d_head)
+    k = k.transpose(0, 1)[None].repeat_interleave(n_heads // n_kv_heads, dim=1)
     positions = torch.arange(T)
-    q = (x.double() @ w_q.double().T).view(T, n_heads, -1).transpose(0, 1)     # (n_heads, T, d_head)
-    k = (x.double() @ w_k.double().T).view(T, n_heads, -1).transpose(0, 1)     # (n_heads, T, d_head)
-    q, k = _rope64(q, positions, 10000.0, pairing), _rope64(k, positions, 10000.0, pairing)
-    return q @ k.transpose(-2, -1)                                              # (n_heads, T, T)
+    return (_rope_b64(q, positions, 10000.0, pairing) @ _rope_b64(k, positions, 10000.0, pairing).transpose(-2, -1))[0]
 
 
-def check_interleaved_to_half_split(interleaved_to_half_split, hidden: bool = False) -> None:
-    configs = [(2, 8, 12)]
+def check_qkv_half_split_to_interleaved(qkv_half_split_to_interleaved, hidden: bool = False) -> None:
+    """Configs: (n_heads, n_kv_heads, d_head, trailing shape: (d_model,) for a weight, () for a bias, dtype)."""
+    configs = [(4, 2, 8, (12,), torch.float32), (2, 2, 4, (), torch.float32)]
     if hidden:
-        rng = hidden_rng("interleaved_to_half_split")
-        configs += [(4, 16, 24), (3, 6, 18), (1, 32, 32), (8, 2, 16)]
-        configs += [(rng.randrange(1, 9), 2 * rng.randrange(1, 17), rng.randrange(2, 49)) for _ in range(2)]
-    g = generator(101) if not hidden else hidden_generator("interleaved_to_half_split")
-    for n_heads, d_head, d_model in configs:
-        d_out = n_heads * d_head
-        w_q, w_k = torch.randn(d_out, d_model, generator=g), torch.randn(d_out, d_model, generator=g)
-        before = w_q.clone()
-        new_q = call(interleaved_to_half_split, w_q, n_heads)
-        new_k = call(interleaved_to_half_split, w_k, n_heads)
-        label = f"interleaved_to_half_split(weight of shape {(d_out, d_model)}, n_heads={n_heads})"
-        expect(torch.equal(w_q, before), "interleaved_to_half_split changed the weight it was given.",
-               "return a new tensor; do not edit weight in place.")
-        expect_tensor(new_q, (d_out, d_model), label)
-        want_q = w_q[_row_order(n_heads, d_head, "forward")]
-        if torch.equal(new_q, want_q):
-            x = torch.randn(5, d_model, generator=g)
-            expect_close(_rope_scores(new_q, new_k, x, n_heads, "half"), _rope_scores(w_q, w_k, x, n_heads, "interleaved"),
-                         "half-split scores with the converted weights", "permute the rows of both W_q and W_k.",
-                         atol=1e-8)
+        rng = hidden_rng("qkv_half_split_to_interleaved")
+        configs += [(8, 1, 16, (24,), torch.float32), (6, 3, 6, (10,), torch.bfloat16), (3, 3, 10, (), torch.float64),
+                    (1, 1, 32, (32,), torch.float16)]
+        for dtype in (torch.float32, torch.bfloat16):
+            n_kv = rng.randrange(1, 5)
+            configs.append((n_kv * rng.randrange(1, 5), n_kv, 2 * rng.randrange(1, 17), (rng.randrange(2, 33),), dtype))
+    g = generator(101) if not hidden else hidden_generator("qkv_half_split_to_interleaved")
+    for n_heads, n_kv_heads, d_head, trailing, dtype in configs:
+        rows = (n_heads + 2 * n_kv_heads) * d_head
+        w = torch.randn(rows, *trailing, generator=g).to(dtype)
+        before = w.clone()
+        got = call(qkv_half_split_to_interleaved, w, n_heads, n_kv_heads)
+        what = "bias" if not trailing else "weight"
+        label = (f"qkv_half_split_to_interleaved({what} of shape {tuple(w.shape)} ({dtype}), n_heads={n_heads}, "
+                 f"n_kv_heads={n_kv_heads})")
+        expect(torch.equal(w, before), "qkv_half_split_to_interleaved changed the tensor it was given.",
+               "return a new tensor; do not edit the weight in place.")
+        expect_tensor(got, tuple(w.shape), label)
+        expect(got.dtype == dtype, f"{label} returned dtype {got.dtype}, expected {dtype}.",
+               "reordering rows never changes the dtype: index or reshape the tensor itself.")
+        want = w[_conversion_order(n_heads, n_kv_heads, d_head)]
+        if torch.equal(got, want):
+            if trailing and dtype == torch.float32:
+                x = torch.randn(5, trailing[0], generator=g)
+                expect_close(_gqa_rope_scores(got, x, n_heads, n_kv_heads, "interleaved"),
+                             _gqa_rope_scores(w, x, n_heads, n_kv_heads, "half"),
+                             "interleaved scores with the converted weight",
+                             "permute the rows of the q and k blocks, each head on its own.", atol=1e-8)
             continue
-        x = torch.randn(5, d_model, generator=g)
-        same_scores = _matches(_rope_scores(new_q, new_k, x, n_heads, "half"),
-                               _rope_scores(w_q, w_k, x, n_heads, "interleaved"), atol=1e-8)
-        if torch.equal(new_q, w_q):
-            hint = ("the rows were not reordered: within each head, rows 0, 2, 4, ... must come first, then rows "
-                    "1, 3, 5, ...")
-        elif torch.equal(new_q, w_q[_row_order(n_heads, d_head, "inverse")]):
-            hint = ("that is the inverse permutation (half-split to interleaved): within each head, the new row order "
-                    "is [0, 2, 4, ..., d_head - 2, 1, 3, ..., d_head - 1], i.e. view(n_heads, d_head // 2, 2, d_model)"
-                    ".transpose(1, 2).")
-        elif n_heads > 1 and torch.equal(new_q, w_q[_row_order(n_heads, d_head, "global")]):
-            hint = ("the rows were reordered across the whole matrix, mixing the heads: reorder within each head's "
-                    "block of d_head rows (view(n_heads, d_head // 2, 2, d_model)).")
-        elif d_out == d_model and torch.equal(new_q, w_q[:, _row_order(n_heads, d_head, "forward")]):
-            hint = "permute the rows (the outputs q = x @ W.T), not the columns (the inputs)."
-        elif same_scores:
-            hint = ("the scores agree, but the rows are not in the order the exercise asks for: "
-                    "[0, 2, 4, ..., 1, 3, 5, ...] within each head.")
+        hint = (f"for n_heads={n_heads}, n_kv_heads={n_kv_heads} (d_head={d_head}): the rows are q ({n_heads} heads), "
+                f"then k ({n_kv_heads} heads), then v ({n_kv_heads} heads); within each q and k head the new row "
+                "order is [0, d_head/2, 1, d_head/2 + 1, ...]; v stays as it is.")
+        if torch.equal(got, w):
+            hint = "nothing was reordered: the q and k rows of every head must move (new row 2j is old row j)."
         else:
-            hint = ("within each head, the interleaved pair (2j, 2j + 1) must move to rows (j, j + d_head/2): new row "
-                    "order [0, 2, 4, ..., 1, 3, 5, ...] per head.")
-        fail(f"{label} put the rows in the wrong order: half-split RoPE on the converted weights should give "
-             f"exactly the scores of interleaved RoPE on the original ones"
-             f"{' (they do)' if same_scores else ' (they do not)'}.", hint)
+            for kind, text in [
+                ("opposite", "that is the opposite conversion (interleaved to half-split, [0, 2, 4, ..., 1, 3, ...]): "
+                             "here the weight is half-split, and its pair (j, j + d_head/2) must move to rows "
+                             "(2j, 2j + 1): new order [0, d_head/2, 1, d_head/2 + 1, ...] within each head."),
+                ("v_permuted", "the v rows were reordered too: values are never rotated, so their rows stay as they "
+                               "are; convert only the q and k blocks."),
+                ("k_untouched", f"the k rows ({n_kv_heads} head{'s' if n_kv_heads > 1 else ''}, after the "
+                                f"{n_heads * d_head} q rows) were left as they are: keys are rotated as well, so "
+                                "their rows need the same conversion."),
+                ("whole_block", "the rows were reordered across each whole block, mixing the heads: reorder within "
+                                "each head's d_head rows."),
+            ]:
+                if (n_heads > 1 or kind != "whole_block") and torch.equal(got, w[_conversion_order(n_heads, n_kv_heads,
+                                                                                                  d_head, kind)]):
+                    hint = text
+                    break
+        fail(f"{label} put the rows in the wrong order.", hint)
 
 
 # ----------------------------------------------------------------------------- exercise 7
@@ -765,110 +899,345 @@ def check_alibi_slopes(alibi_slopes, hidden: bool = False) -> None:
              f"{[round(v, 6) for v in want.tolist()]}.", hint)
 
 
+def _alibi_oracle(slopes: torch.Tensor, q_len: int, k_len: int, ignore_offset: bool = False, sign: float = -1.0,
+                  mask: bool = True) -> torch.Tensor:
+    """bias[h, i, j] = -m_h (p_i - j) for j <= p_i, -inf after; p_i = k_len - q_len + i (float64)."""
+    p = torch.arange(q_len, dtype=torch.float64) + (0 if ignore_offset else k_len - q_len)   # (q_len,)
+    j = torch.arange(k_len, dtype=torch.float64)
+    distance = p[:, None] - j[None, :]                                                        # (q_len, k_len)
+    bias = sign * slopes.double()[:, None, None] * distance                                    # (n_heads, q_len, k_len)
+    return bias.masked_fill(distance < 0, float("-inf")) if mask else bias
+
+
 def check_alibi_bias(alibi_bias, hidden: bool = False) -> None:
-    cases = [(torch.tensor([0.5]), 3), (torch.tensor(_alibi_slopes_oracle(4), dtype=torch.float32), 6)]
+    cases = [(torch.tensor([0.5]), 2, 4), (torch.tensor(_alibi_slopes_oracle(4), dtype=torch.float32), 5, 5)]
     if hidden:
         g, rng = hidden_generator("alibi_bias"), hidden_rng("alibi_bias")
-        cases += [(torch.rand(3, generator=g) + 0.1, 1), (torch.tensor(_alibi_slopes_oracle(12), dtype=torch.float32), 9),
-                  (torch.rand(5, generator=g), 17)]
-        # seq_len 4 and up: the hand-derived 3 x 3 bias above belongs to the slope 0.5.
-        cases += [(torch.rand(rng.randrange(1, 13), generator=g), rng.randrange(4, 33)),
-                  (torch.tensor(_alibi_slopes_oracle(rng.randrange(1, 17)), dtype=torch.float32), rng.randrange(4, 33))]
-    hand = torch.tensor([[[0.0, -0.5, -1.0], [-0.5, 0.0, -0.5], [-1.0, -0.5, 0.0]]], dtype=torch.float64)
-    for slopes, seq_len in cases:
+        cases += [(torch.rand(3, generator=g) + 0.1, 1, 9), (torch.tensor(_alibi_slopes_oracle(12), dtype=torch.float64), 4, 17),
+                  (torch.rand(5, generator=g), 1, 1), (torch.rand(2, generator=g, dtype=torch.float64), 6, 6)]
+        for dtype in (torch.float32, torch.float64):
+            k_len = rng.randrange(2, 40)
+            cases.append((torch.tensor(_alibi_slopes_oracle(rng.randrange(1, 17)), dtype=dtype),
+                          rng.randrange(1, k_len + 1), k_len))
+    hand = torch.tensor([[[-1.0, -0.5, 0.0, float("-inf")], [-1.5, -1.0, -0.5, 0.0]]], dtype=torch.float64)
+    for slopes, q_len, k_len in cases:
         before = slopes.clone()
-        got = call(alibi_bias, slopes, seq_len)
+        got = call(alibi_bias, slopes, q_len, k_len)
         n = slopes.shape[0]
-        label = f"alibi_bias(slopes of {n} head{'s' if n != 1 else ''}, seq_len={seq_len})"
+        label = (f"alibi_bias(slopes of {n} head{'s' if n != 1 else ''} ({slopes.dtype}), q_len={q_len}, "
+                 f"k_len={k_len})")
         expect(torch.equal(slopes, before), "alibi_bias changed the slopes it was given.", "do not edit slopes in place.")
-        expect_tensor(got, (n, seq_len, seq_len), label)
-        i = torch.arange(seq_len, dtype=torch.float64)
-        signed = i[:, None] - i[None, :]                                              # (seq_len, seq_len): i - j
-        m = slopes.double()[:, None, None]                                            # (n_heads, 1, 1)
-        want = hand if seq_len == 3 and n == 1 else -m * signed.abs()
-        if _matches(got, want, atol=1e-6):
+        expect_tensor(got, (n, q_len, k_len), label)
+        expect(got.dtype == slopes.dtype, f"{label} returned dtype {got.dtype}, expected {slopes.dtype} (that of "
+               "slopes).", "create the positions with slopes' dtype and device, so that the bias follows them.")
+        want = hand if (n, q_len, k_len) == (1, 2, 4) and float(slopes[0]) == 0.5 else _alibi_oracle(slopes, q_len, k_len)
+        got64 = got.detach().double()
+        masked = torch.isneginf(want)
+        if torch.equal(torch.isneginf(got64), masked) and torch.allclose(got64[~masked], want[~masked], atol=1e-6):
             continue
+        offset = k_len - q_len
+        where = f"here the {q_len} queries are at positions {offset} .. {k_len - 1} of {k_len} keys"
         hint = _diagnose(got, [
-            (lambda: m * signed.abs(), "the bias must be a penalty: -m_h * |i - j| is zero on the diagonal and "
-                                       "negative elsewhere (mind the minus sign)."),
-            (lambda: -m * signed, "use the distance |i - j|: with -m_h * (i - j) the entries above the diagonal "
-                                  "(j > i) become positive, a bonus for distance."),
-            (lambda: m * signed, "use the distance |i - j|, with a minus sign: bias[h, i, j] = -m_h * |i - j|."),
-            (lambda: -signed.abs().expand(n, seq_len, seq_len), "multiply the distance by the slope of each head: "
-                                                                 "slopes[:, None, None] * |i - j|."),
-        ], f"for {n} slope{'s' if n != 1 else ''} and seq_len={seq_len}: bias[h, i, j] = -slopes[h] * |i - j|: "
-           "slopes[:, None, None] times the (seq_len, seq_len) distance matrix.", atol=1e-6)
-        expect_close(got.double(), want, label, hint, atol=1e-6)
+            (lambda: _alibi_oracle(slopes, q_len, k_len, ignore_offset=True) if offset else None,
+             f"the queries were placed at positions 0 .. {q_len - 1}, but they are the last q_len of the k_len "
+             f"positions ({where}): query i is at position k_len - q_len + i, and the causal mask is aligned to "
+             "the bottom right."),
+            (lambda: _alibi_oracle(slopes, q_len, k_len, sign=1.0),
+             "the bias must be a penalty: -m_h * (distance), zero for the query's own position and negative for "
+             "earlier keys (mind the minus sign)."),
+            (lambda: _alibi_oracle(slopes, q_len, k_len, mask=False) if q_len > 1 or offset == 0 else None,
+             f"the keys after each query were not masked ({where}): set bias[h, i, j] = -inf where j is after the "
+             "query's position, so that softmax gives them no weight."),
+            (lambda: _alibi_oracle(slopes, q_len, k_len).clamp(min=-1e9),
+             "masked entries must be exactly -inf: a large finite value such as -1e9 overflows in float16 and is "
+             "not a mask in every dtype; use float('-inf')."),
+            (lambda: _alibi_oracle(slopes, q_len, k_len).masked_fill(masked, torch.finfo(got.dtype).min),
+             "masked entries must be exactly -inf, not the dtype's most negative finite number."),
+            (lambda: _alibi_oracle(torch.ones_like(slopes), q_len, k_len),
+             "multiply the distance by the slope of each head: slopes[:, None, None] * distance."),
+        ], f"for {n} slope{'s' if n != 1 else ''}, q_len={q_len}, k_len={k_len} ({where}): bias[h, i, j] = "
+           "-slopes[h] * (p_i - j) for j <= p_i and -inf for j > p_i, with p_i = k_len - q_len + i.", atol=1e-6)
+        bad = (torch.isneginf(got64) != masked) | (~masked & ~torch.isclose(got64, want.nan_to_num(neginf=0.0),
+                                                                         atol=1e-6))
+        at = [int(v) for v in bad.nonzero()[0]]
+        fail(f"{label}: entry {at} is {got64[tuple(at)].item():.6g}, expected {want[tuple(at)].item():.6g}.", hint)
 
 
 # ----------------------------------------------------------------------------- exercise 8
 
-def check_interpolate_positions(interpolate_positions, hidden: bool = False) -> None:
-    cases = [(torch.arange(8), 2.0), (torch.arange(6), 1.0)]
+def _by_parts64(d_head: int, base: float, scale: float, train_len: int, alpha: float, beta: float,
+                kind: str = "right") -> torch.Tensor:
+    theta = _freqs64(d_head, base)
+    turns = train_len * theta / (2 * math.pi)                           # full turns made within train_len
+    if kind == "no_two_pi":
+        turns = train_len * theta
+    if kind == "inverted_ratio":
+        turns = 2 * math.pi / (theta * train_len)
+    ramp = (turns - alpha) / (beta - alpha)
+    if kind != "no_clamp":
+        ramp = ramp.clamp(0.0, 1.0)
+    slow = theta * scale if kind == "times_scale" else theta / scale
+    if kind == "reversed":
+        return (1 - ramp) * theta + ramp * slow
+    return ramp * theta + (1 - ramp) * slow
+
+
+def check_ntk_by_parts_frequencies(ntk_by_parts_frequencies, hidden: bool = False) -> None:
+    cases = [(64, 10000.0, 4.0, 2048, 1.0, 32.0, None), (16, 100.0, 2.0, 64, 1.0, 8.0, None)]
     if hidden:
-        g, rng = hidden_generator("interpolate_positions"), hidden_rng("interpolate_positions")
-        cases += [(torch.arange(4096), 4.0), (torch.tensor([0.0, 2.5, 7.0]), 1.5), (torch.arange(10, 30), 8.0),
-                  (torch.arange(5), 3.0)]
-        start = rng.randrange(0, 100)
-        cases += [(torch.arange(start, start + rng.randrange(1, 2000)), round(rng.uniform(1.0, 16.0), 2)),
-                  ((torch.rand(rng.randrange(1, 50), generator=g) * 100).sort().values, round(rng.uniform(1.0, 16.0), 2))]
-    for positions, scale in cases:
-        before = positions.clone()
-        got = call(interpolate_positions, positions, scale)
-        label = f"interpolate_positions({_show_positions(positions)}, scale={scale:g})"
-        expect(torch.equal(positions, before), "interpolate_positions changed the positions it was given.",
-               "return a new tensor (positions / scale), do not divide in place.")
-        expect_tensor(got, tuple(positions.shape), label)
-        expect(got.is_floating_point(), f"{label} has dtype {got.dtype}: interpolated positions are fractional.",
-               "convert to float before dividing: positions.float() / scale (integer division drops the fractions).")
-        want = positions.double() / scale
-        if _matches(got, want, atol=1e-5):
+        rng = hidden_rng("ntk_by_parts_frequencies")
+        cases += [(128, 500000.0, 8.0, 8192, 1.0, 32.0, None), (32, 10000.0, 1.0, 512, 1.0, 32.0, None),
+                  (64, 10000.0, 16.0, 4096, 2.0, 16.0, torch.float64)]
+        for dtype in (None, torch.float64):
+            cases.append((2 * rng.randrange(4, 129), _draw_base(rng), round(rng.uniform(1.5, 32.0), 2),
+                          rng.choice([256, 1024, 2048, 4096, 8192]), 1.0, float(rng.choice([8, 16, 32, 64])), dtype))
+    for d_head, base, scale, train_len, alpha, beta, dtype in cases:
+        kwargs = {} if (alpha, beta) == (1.0, 32.0) else {"alpha": alpha, "beta": beta}
+        if dtype is not None:
+            kwargs["dtype"] = dtype
+        got = call(ntk_by_parts_frequencies, d_head, base, scale, train_len, **kwargs)
+        dtype = dtype or torch.float32
+        label = (f"ntk_by_parts_frequencies({d_head}, base={base:g}, scale={scale:g}, train_len={train_len}"
+                 + "".join(f", {k}={v if not isinstance(v, float) else f'{v:g}'}" for k, v in kwargs.items()) + ")")
+        expect_tensor(got, (d_head // 2,), label)
+        expect(got.dtype == dtype, f"{label} has dtype {got.dtype}, expected {dtype}.",
+               "create the result with the dtype argument (float32 by default).")
+        want = _by_parts64(d_head, base, scale, train_len, alpha, beta)
+        rtol = 1e-5 if dtype == torch.float32 else 1e-12
+        if torch.allclose(got.double(), want, rtol=rtol, atol=0):
             continue
+        if dtype == torch.float64 and torch.allclose(got.double(), want, rtol=1e-5, atol=0):
+            fail(f"{label} is right only to float32 accuracy.",
+                 "the float64 frequencies were computed in float32: compute theta_j, the turns and the ramp in dtype.")
+        theta = _freqs64(d_head, base)
+        turns = train_len * theta / (2 * math.pi)
+        n_fast, n_slow = int((turns >= beta).sum()), int((turns <= alpha).sum())
+        where = (f"here {n_fast} pair(s) turn at least beta={beta:g} times within {train_len} positions, "
+                 f"{n_slow} at most alpha={alpha:g} times")
         hint = _diagnose(got, [
-            (lambda: positions.double() * scale,
-             "the scale is inverted: position interpolation squeezes the longer range into the trained one, "
-             "positions / scale, so that target_len positions land in [0, train_len)."),
-            (lambda: torch.floor(positions.double() / scale),
-             "keep the fractional positions: positions.float() / scale, not // (RoPE angles accept any real position)."),
-        ] + ([(lambda: positions.double().trunc() / scale,
-               f"the positions here are fractional ({_show_positions(positions)}) and the answer rounded them "
-               "first: divide the given positions as floats, positions.float() / scale.")]
-             if _fractional(positions) else []),
-            f"for {_show_positions(positions)} and scale={scale:g}: return positions / scale as floats.")
-        expect_close(got.double(), want, label, hint)
+            (lambda: _by_parts64(d_head, base, scale, train_len, alpha, beta, "reversed"),
+             f"the ramp is reversed ({where}): the fast pairs (many turns, ramp 1) keep theta_j, and the slow pairs "
+             "(few turns, ramp 0) are interpolated, theta_j / scale."),
+            (lambda: _by_parts64(d_head, base, scale, train_len, alpha, beta, "no_two_pi"),
+             "r_j counts full turns: train_len * theta_j / (2 pi), the positions divided by the wavelength "
+             "2 pi / theta_j; without the 2 pi it counts radians."),
+            (lambda: _by_parts64(d_head, base, scale, train_len, alpha, beta, "inverted_ratio"),
+             "r_j = train_len / wavelength_j (turns made in training), not wavelength_j / train_len."),
+            (lambda: _by_parts64(d_head, base, scale, train_len, alpha, beta, "no_clamp"),
+             f"clamp the ramp to [0, 1] ({where}): outside the ramp, pairs are either kept or interpolated, never "
+             "extrapolated beyond."),
+            (lambda: _by_parts64(d_head, base, scale, train_len, alpha, beta, "times_scale"),
+             "interpolating slows a pair down: theta_j / scale, not theta_j * scale."),
+            (lambda: _by_parts64(d_head, base, scale, train_len, 1.0, 32.0) if (alpha, beta) != (1.0, 32.0) else None,
+             f"this case uses alpha={alpha:g}, beta={beta:g}, and the answer matches the defaults 1 and 32: use "
+             "the arguments."),
+        ] + _base_ignored(lambda b: _by_parts64(d_head, b, scale, train_len, alpha, beta), base),
+            f"for d_head={d_head}, base={base:g}, scale={scale:g}, train_len={train_len} ({where}): r_j = "
+            "train_len * theta_j / (2 pi), ramp = clamp((r_j - alpha) / (beta - alpha), 0, 1), new theta_j = "
+            "ramp * theta_j + (1 - ramp) * theta_j / scale.", atol=1e-7)
+        expect_close(got.double(), want, label, hint, atol=1e-7 if dtype == torch.float32 else 1e-15)
 
 
-def check_ntk_scaled_base(ntk_scaled_base, hidden: bool = False) -> None:
-    cases = [(10000.0, 4.0, 128), (10000.0, 1.0, 64), (500000.0, 8.0, 64)]
+# ----------------------------------------------------------------------------- exercise 9
+
+REACH_SLOPE, REACH_THRESHOLD = 1 / 8, 0.01
+REACH_ANSWER = math.ceil(math.log(1 / REACH_THRESHOLD) / REACH_SLOPE)       # 37: e^(-d/8) < 1/100 from d = 36.84
+
+
+def _reach_oracle(slopes: torch.Tensor, threshold: float, n_keys: int, ratio: bool = True, shift: int = 0,
+                  no_key: int = -1) -> torch.Tensor:
+    d = torch.arange(n_keys, dtype=torch.float64)
+    weights = torch.softmax(-slopes.double()[:, None] * d, dim=-1)             # (n_heads, n_keys)
+    below = weights < threshold * (weights[:, :1] if ratio else 1.0)
+    first = torch.where(below.any(dim=-1), below.double().argmax(dim=-1).long() + shift, torch.tensor(no_key))
+    return first
+
+
+def _check_prediction(predicted_reach) -> None:
+    value = call(predicted_reach)
+    try:
+        value = float(value)
+    except (TypeError, ValueError):
+        fail(f"predicted_reach() returned {type(value).__name__}, expected a number.",
+             "return your prediction as a number: the distance d.")
+    if abs(value - REACH_ANSWER) <= 0.5:
+        return
+    exact = math.log(1 / REACH_THRESHOLD) / REACH_SLOPE
+    guesses = [
+        (math.floor(exact), "that rounds down: at that distance the weight is still above 1% (e^(-36/8) = 1.1%); "
+                            "the question asks for the first distance at which it is below."),
+        (math.log10(1 / REACH_THRESHOLD) / REACH_SLOPE, "use the natural logarithm: weights come from exp, so "
+                                                        "e^(-m d) < 0.01 means d > ln(100) / m."),
+        (math.log(1 / REACH_THRESHOLD) * REACH_SLOPE, "the slope multiplies the distance: e^(-m d) < 0.01 means "
+                                                      "d > ln(100) / m, a division by m = 1/8."),
+        (1 / (REACH_THRESHOLD * REACH_SLOPE), "the weight falls exponentially with distance, not as 1/d: the ratio "
+                                              "of the weights at distance d and 0 is e^(-m d)."),
+    ]
+    hint = next((h for v, h in guesses if abs(value - v) <= 0.5 or (v > 2 and abs(value - math.ceil(v)) <= 0.5
+                                                                    and abs(math.ceil(v) - REACH_ANSWER) > 0.5)),
+                "with equal content scores, the softmax weights of two keys differ by the factor e^(bias difference): "
+                "the key at distance d has e^(-m d) times the weight of distance 0. Solve e^(-m d) < 0.01 for the "
+                "smallest integer d.")
+    fail(f"predicted_reach() is {value:g}, which is not the distance asked for (slope 1/8, 1%).", hint)
+
+
+def check_alibi_reach(predicted_reach, alibi_reach, hidden: bool = False) -> None:
+    _check_prediction(predicted_reach)
+    cases = [(torch.tensor([0.5, 0.125, 1 / 256]), 0.01, 2048), (torch.tensor([1.0, 0.01]), 0.2, 50)]
     if hidden:
-        rng = hidden_rng("ntk_scaled_base")
-        cases += [(10000.0, 2.0, 4), (10000.0, 16.0, 256), (1e6, 1.5, 96), (100.0, 3.0, 8)]
-        cases += [(_draw_base(rng), round(rng.uniform(1.0, 32.0), 2), 2 * rng.randrange(2, 129)) for _ in range(3)]
-    for base, scale, d_head in cases:
-        got = call(ntk_scaled_base, base, scale, d_head)
-        label = f"ntk_scaled_base({base:g}, scale={scale:g}, d_head={d_head})"
-        try:
-            value = float(got)
-        except (TypeError, ValueError):
-            fail(f"{label} returned {type(got).__name__}, expected a number.", "return a float: the new base.")
-        want = base * scale ** (d_head / (d_head - 2))
-        if math.isclose(value, want, rel_tol=1e-6):
-            # The property the rule is built for: the lowest frequency is divided by exactly `scale`,
-            # the highest (j = 0) stays 1.
-            old, new = _freqs64(d_head, base), _freqs64(d_head, value)
-            expect(math.isclose(new[-1].item(), old[-1].item() / scale, rel_tol=1e-6),
-                   f"{label}: the lowest frequency is not divided by the scale.", "new base = base * scale ** (d_head / (d_head - 2)).")
+        g, rng = hidden_generator("alibi_reach"), hidden_rng("alibi_reach")
+        cases += [(torch.tensor(_alibi_slopes_oracle(6), dtype=torch.float64), 0.05, 300),
+                  (torch.tensor([1 / 256, 1 / 64]), 0.001, 1000)]
+        for dtype in (torch.float32, torch.float64):
+            while True:   # no case near a tie: the weight ratio must not sit at the threshold
+                n = rng.randrange(1, 9)
+                slopes = (torch.rand(n, generator=g, dtype=torch.float64) * 0.9 + 0.02).to(dtype)
+                threshold = 10 ** rng.uniform(-4, -0.5)
+                at = math.log(1 / threshold) / slopes.double()
+                if bool(((at - at.round()).abs() > 1e-3).all()):
+                    break
+            cases.append((slopes, threshold, rng.randrange(20, 600)))
+    for slopes, threshold, n_keys in cases:
+        before = slopes.clone()
+        got = call(alibi_reach, slopes, threshold, n_keys)
+        n = slopes.shape[0]
+        label = f"alibi_reach(slopes of {n} head{'s' if n > 1 else ''} ({slopes.dtype}), threshold={threshold:.4g}, n_keys={n_keys})"
+        expect(torch.equal(slopes, before), "alibi_reach changed the slopes it was given.", "do not edit slopes in place.")
+        expect_tensor(got, (n,), label)
+        expect(not got.is_floating_point() and not got.is_complex(),
+               f"{label} returned dtype {got.dtype}, expected an integer tensor of distances.",
+               "return the distances as a LongTensor (argmax or nonzero give integer indices).")
+        want = _reach_oracle(slopes, threshold, n_keys)
+        if torch.equal(got.long(), want):
+            continue
+        shown = f"got {got.tolist()}, expected {want.tolist()}"
+        hint = next((h for v, h in [
+            (_reach_oracle(slopes, threshold, n_keys, ratio=False),
+             f"the threshold is relative ({threshold:.4g} of the weight at distance 0), not an absolute weight: "
+             "compare weights[d] with threshold * weights[0]."),
+            (_reach_oracle(slopes, threshold, n_keys, shift=1),
+             "distances start at 0 (the query's own position): the key at distance d is index d of the weights, "
+             "so the answer is that index, not index + 1."),
+            (_reach_oracle(slopes, threshold, n_keys, shift=-1),
+             "the answer is the first distance whose weight is below the threshold, not the last one above it."),
+            (_reach_oracle(slopes, threshold, n_keys, no_key=n_keys),
+             f"no key of these {n_keys} is below the threshold for some heads: return -1 for them, not n_keys."),
+        ] if torch.equal(got.long(), v)),
+            f"for threshold={threshold:.4g} and n_keys={n_keys}: softmax over the distances d = 0 .. n_keys - 1 of "
+            "the scores -m_h * d (equal content scores), then for each head the first d with weight[d] < "
+            "threshold * weight[0], or -1.")
+        fail(f"{label}: {shown}.", hint)
+
+
+# ----------------------------------------------------------------------------- exercise 10
+
+def _cached_attention64(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_past: torch.Tensor,
+                        v_past: torch.Tensor, base: float, kind: str = "right") -> tuple[torch.Tensor, torch.Tensor]:
+    """The oracle: RoPE at absolute positions, keys of the past rotated once, causal mask aligned bottom-right.
+
+    k_past holds the past keys before rotation. Returns (out, all rotated keys), in float64."""
+    T_past, T_new, d = k_past.shape[-2], q.shape[-2], q.shape[-1]
+    new_pos = torch.arange(T_past, T_past + T_new) if kind not in ("no_offset", "no_offset_both") else torch.arange(T_new)
+    q_rot, k_rot = _rope_b64(q, new_pos, base), _rope_b64(k, new_pos, base)
+    past = _rope_b64(k_past, torch.arange(T_past), base)
+    if kind == "cache_rotated_twice":
+        past = _rope_b64(past, torch.arange(T_past), base)
+    keys = torch.cat((past, k_rot), dim=-2)                                        # (B, H, T_all, d)
+    values = torch.cat((v_past.double(), v.double()), dim=-2)
+    if kind == "values_rotated":
+        values = torch.cat((v_past.double(), _rope_b64(v, new_pos, base)), dim=-2)
+    scores = q_rot @ keys.transpose(-2, -1)
+    if kind != "no_scale":
+        scores = scores / math.sqrt(d)
+    T_all = T_past + T_new
+    query_at = torch.arange(T_new)[:, None] + (0 if kind in ("top_left", "no_offset_both") else T_past)
+    if kind != "no_mask":
+        scores = scores.masked_fill(torch.arange(T_all)[None, :] > query_at, float("-inf"))
+    return scores.softmax(dim=-1) @ values, keys
+
+
+def check_rope_attention_step(rope_attention_step, apply_rope=None, hidden: bool = False) -> None:
+    """apply_rope, when given, is the exercise 5 answer it calls: a failure it causes is blamed on it."""
+    earlier = [] if apply_rope is None else [
+        ("rope_attention_step calls your apply_rope, which fails exercise 5's tests",
+         lambda: check_apply_rope(apply_rope, hidden=hidden))]
+    with earlier_first(*earlier):
+        _check_rope_attention_step(rope_attention_step, hidden)
+
+
+def _check_rope_attention_step(rope_attention_step, hidden: bool) -> None:
+    """Cases: (B, n_heads, T_past, T_new, d_head, base, dtype)."""
+    cases = [(1, 2, 5, 1, 8, 10000.0, torch.float32), (2, 2, 3, 4, 16, 100.0, torch.float32)]
+    if hidden:
+        rng = hidden_rng("rope_attention_step")
+        cases += [(2, 1, 0, 3, 8, 10000.0, torch.float32), (1, 3, 37, 2, 32, 10000.0, torch.float64),
+                  (2, 2, 12, 1, 16, 500.0, torch.float32)]
+        for dtype in (torch.float32, torch.float64):
+            cases.append((rng.randrange(1, 3), rng.randrange(1, 4), rng.randrange(0, 30), rng.randrange(1, 6),
+                          2 * rng.randrange(2, 17), _draw_base(rng), dtype))
+    g = generator(111) if not hidden else hidden_generator("rope_attention_step")
+    for B, H, T_past, T_new, d, base, dtype in cases:
+        q, k, v = (torch.randn(B, H, T_new, d, generator=g, dtype=torch.float64).to(dtype) for _ in range(3))
+        k_past = torch.randn(B, H, T_past, d, generator=g, dtype=torch.float64).to(dtype)
+        v_cache = torch.randn(B, H, T_past, d, generator=g, dtype=torch.float64).to(dtype)
+        k_cache = _rope_b64(k_past, torch.arange(T_past), base).to(dtype)              # rotated when cached
+        inputs = [q, k, v, k_cache, v_cache]
+        saved = [t.clone() for t in inputs]
+        got = call(rope_attention_step, q, k, v, k_cache, v_cache, base)
+        label = (f"rope_attention_step with {T_new} new token{'s' if T_new > 1 else ''} after a cache of {T_past} "
+                 f"(B={B}, n_heads={H}, d_head={d}, base={base:g}, {dtype})")
+        expect(all(torch.equal(a, b) for a, b in zip(inputs, saved)), f"{label} changed one of its inputs in place.",
+               "build new tensors (torch.cat makes the new cache); do not write into q, k, v or the cache.")
+        expect(isinstance(got, (tuple, list)) and len(got) == 3,
+               f"{label} returned {type(got).__name__}, expected a tuple (out, k_cache, v_cache).",
+               "return three tensors: the attention output and the two grown caches.")
+        out, new_k, new_v = got
+        expect_tensor(out, (B, H, T_new, d), f"the output of {label}")
+        expect_tensor(new_k, (B, H, T_past + T_new, d), f"the new k_cache of {label}")
+        expect_tensor(new_v, (B, H, T_past + T_new, d), f"the new v_cache of {label}")
+        expect(out.dtype == dtype and new_k.dtype == dtype, f"{label} returned dtype {out.dtype}, expected {dtype}.",
+               "keep the dtype of q: create every new tensor with q's dtype and device.")
+        want_out, want_keys = _cached_attention64(q, k, v, k_past, v_cache, base)
+        atol = 1e-4 if dtype == torch.float32 else 1e-10
+        cache_ok = _matches(new_k, want_keys, atol=atol) and _matches(new_v, torch.cat((v_cache, v), -2).double(), atol=0)
+        out_ok = _matches(out, want_out, atol=atol)
+        if cache_ok and out_ok:
             continue
         variants = [
-            (base * scale, "the NTK rule raises the scale to the power d_head / (d_head - 2): base * scale ** "
-                           "(d_head / (d_head - 2)), so that the lowest frequency is divided by exactly scale."),
-            (base * scale ** ((d_head - 2) / d_head), "the exponent is d_head / (d_head - 2), not its inverse."),
-            (base / scale ** (d_head / (d_head - 2)), "the base must grow (longer wavelengths): multiply by "
-                                                      "scale ** (d_head / (d_head - 2)), do not divide."),
-            (base * scale ** (d_head / (d_head - 1)), "the exponent is d_head / (d_head - 2): the lowest frequency is "
-                                                      "theta = base^(-(d_head - 2)/d_head)."),
+            ("no_offset_both", f"the new tokens were treated as positions {'0' if T_new == 1 else f'0 .. {T_new - 1}'}, "
+                               f"for the rotation and for "
+                               f"the mask, but they come after {T_past} cached ones: rotate new token t by its "
+                               f"absolute position T_past + t, and let it see the keys up to that position."),
+            ("no_offset", f"the new tokens were rotated as positions 0 .. {T_new - 1}, but they come after "
+                          f"{T_past} cached ones: rotate new token t by its absolute position T_past + t."),
+            ("cache_rotated_twice", "the cached keys were rotated again: the cache holds keys already rotated at "
+                                    "their own positions; rotate only the new keys, then append them."),
+            ("values_rotated", "the values were rotated: RoPE rotates only queries and keys."),
+            ("top_left", f"the causal mask is aligned to the top left: new query t is at position {T_past} + t and "
+                         "sees every cached key and the new keys up to itself (a bottom-right mask; "
+                         "is_causal=True in scaled_dot_product_attention aligns it to the top left when "
+                         "q_len < k_len)."),
+            ("no_mask", "the new queries saw later new tokens: mask key j for query t when j > T_past + t."),
+            ("no_scale", "divide the scores by sqrt(d_head) before the softmax."),
         ]
-        hint = next((h for v, h in variants if math.isclose(value, v, rel_tol=1e-6) and not math.isclose(v, want)),
-                    f"for base={base:g}, scale={scale:g}, d_head={d_head}: new base = base * scale ** "
-                    "(d_head / (d_head - 2)).")
-        fail(f"{label} returned {value:.6g}, expected {want:.6g}.", hint)
+        # A variant that changes what is cached can explain a wrong cache; the others cannot.
+        changes_cache = {"no_offset", "no_offset_both", "cache_rotated_twice", "values_rotated"}
+        hint = next((h for kind, h in variants
+                     if (kind in changes_cache) != cache_ok
+                     and (kind != "no_mask" or T_new > 1) and (kind != "top_left" or T_past > 0)
+                     and (kind not in ("no_offset", "no_offset_both", "cache_rotated_twice") or T_past > 0)
+                     and _matches(out, _cached_attention64(q, k, v, k_past, v_cache, base, kind)[0], atol=atol)),
+                    None)
+        if hint is None and not cache_ok:
+            hint = ("the new cache must be cat((k_cache, apply_rope(k, positions)), dim=-2) with positions T_past .. "
+                    "T_past + T_new - 1, and cat((v_cache, v), dim=-2).")
+        if hint is None and dtype == torch.float64 and _matches(out, want_out, atol=1e-4):
+            hint = ("right to float32 accuracy only: for float64 inputs compute everything in float64 (the scores, "
+                    "the mask and the angles of your apply_rope).")
+        if hint is None:
+            hint = (f"with T_past={T_past}, T_new={T_new}: rotate q and k by positions T_past .. T_past + T_new - 1, "
+                    "append k and v to the caches, scores = q @ keys^T / sqrt(d_head) with key j masked (-inf) for "
+                    "query t when j > T_past + t, softmax over the keys, times the values.")
+        what = "the output" if cache_ok else "the new k_cache" if not _matches(new_k, want_keys, atol=atol) else "the new v_cache"
+        fail(f"{label}: {what} is not what attention over the whole sequence, with RoPE at absolute positions, "
+             "gives.", hint)

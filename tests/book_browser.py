@@ -188,16 +188,18 @@ class Browser:
             demo = demos.nth(i)
             before = demo.evaluate(SHOWN_FIGURES)
             handle = demo.locator(".noUi-handle").first
-            toggle = demo.locator(".widget-toggle-button").nth(1)
+            toggle = demo.locator(".widget-toggle-button:not(.mod-active)").first
             select = demo.locator("select").first
-            if handle.count():
+            if handle.count():        # one step, towards the side with room
+                at_end = handle.get_attribute("aria-valuenow") == handle.get_attribute("aria-valuemax")
                 handle.focus()
-                page.keyboard.press("ArrowRight")
+                page.keyboard.press("ArrowLeft" if at_end else "ArrowRight")
             elif toggle.count():
                 toggle.click()
             elif select.count():
-                options = select.locator("option")
-                select.select_option(index=1 if options.count() > 1 else 0)
+                current = select.evaluate("s => s.selectedIndex")
+                count = select.locator("option").count()
+                select.select_option(index=(current + 1) % max(count, 1))
             page.wait_for_timeout(300)
             after = demo.evaluate(SHOWN_FIGURES)
             if after and before and after != before:

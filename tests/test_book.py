@@ -1,4 +1,5 @@
-"""The book builds with warnings as errors; every chapter carries figures and a widget."""
+"""The book builds with warnings as errors; every chapter carries figures and a widget;
+code and printed output fit the text column."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from book_lines import WIDTH, stray_reprs, wide_lines
 from notebook_tools import ROOT
 
 pytestmark = pytest.mark.slow
@@ -50,3 +52,18 @@ def test_every_page_of_the_toc_is_rendered(html):
     toc = (ROOT / "_toc.yml").read_text()
     for name in re.findall(r"file:\s*(\S+)", toc) + re.findall(r"root:\s*(\S+)", toc):
         assert (html / f"{name}.html").is_file(), name
+
+
+def test_code_and_output_fit_80_columns(html):
+    """Code, printed output and the prose's code blocks fit the text column: no line
+    scrolls sideways or reads as cut mid-word (tests/book_lines.py finds them)."""
+    wide = wide_lines(html, WIDTH)
+    assert not wide, f"{len(wide)} lines over {WIDTH} characters:\n" + "\n".join(
+        f"{page} [{kind}, {len(line)}] {line}" for page, kind, line in wide)
+
+
+def test_no_stray_reprs(html):
+    """No cell shows the repr of an object it returned by accident
+    (`<torch._C.Generator at 0x...>` from a last line `torch.manual_seed(0)`)."""
+    strays = stray_reprs(html)
+    assert not strays, "\n".join(f"{page}: {text}" for page, text in strays)

@@ -58,9 +58,9 @@ def _alibi_slopes_oracle(n: int) -> list[float]:
     return power_of_two(closest) + _alibi_slopes_oracle(2 * closest)[0::2][: n - closest]
 
 
-def _matches(got: torch.Tensor, want: torch.Tensor, atol: float = 1e-5) -> bool:
+def _matches(got: torch.Tensor, want: torch.Tensor, atol: float = 1e-5, rtol: float = 1e-5) -> bool:
     got = got.detach().double()
-    return got.shape == want.shape and bool(torch.allclose(got, want, atol=atol, rtol=1e-5))
+    return got.shape == want.shape and bool(torch.allclose(got, want, atol=atol, rtol=rtol))
 
 
 def _diagnose(got: torch.Tensor, variants: list[tuple[Callable[[], torch.Tensor], str]], default: str,
@@ -74,6 +74,19 @@ def _diagnose(got: torch.Tensor, variants: list[tuple[Callable[[], torch.Tensor]
         except (RuntimeError, ValueError, IndexError):
             continue
     return default
+
+
+def _call_explained(fn: Callable, *args, name: str, explain: Callable[[], str | None]):
+    """Call the student's function (name describes the call and its inputs); when it raises, explain() may name
+    the likely cause (else the generic hint)."""
+    try:
+        return fn(*args)
+    except (NotImplementedError, CheckFailed):
+        raise
+    except Exception as err:
+        hint = explain() or ("read the traceback above this message; the inputs were valid for the signature in "
+                             "the exercise.")
+        raise CheckFailed(f"{name} raised {type(err).__name__}: {err}\nLikely mistake: {hint}") from err
 
 
 def _show_positions(positions: torch.Tensor) -> str:
@@ -290,7 +303,7 @@ def _sinusoidal_variants(seq_len: int, d_model: int, base: float) -> list[tuple[
 
 
 def check_sinusoidal_table(sinusoidal_table, hidden: bool = False) -> None:
-    cases = [(6, 8, 10000.0, torch.float32), (50, 16, 100.0, torch.float32)]
+    cases = [(6, 8, 10000.0, torch.float32), (50, 16, 100.0, torch.float32), (12, 8, 1000.0, torch.float64)]
     if hidden:
         rng = hidden_rng("sinusoidal_table")
         cases += [(1, 4, 10000.0, torch.float32), (128, 512, 10000.0, torch.float32), (33, 10, 500.0, torch.float32),
@@ -305,8 +318,8 @@ def check_sinusoidal_table(sinusoidal_table, hidden: bool = False) -> None:
         expect(got.dtype == dtype, f"{label} has dtype {got.dtype}, expected {dtype}.",
                "create the table with the dtype argument (float32 by default), not a fixed dtype.")
         want = _sin_table64(seq_len, d_model, base)
-        atol = 2e-5 if dtype == torch.float32 else 1e-12
-        if _matches(got, want, atol=atol):
+        atol, rtol = (2e-5, 1e-5) if dtype == torch.float32 else (1e-12, 1e-12)
+        if _matches(got, want, atol=atol, rtol=rtol):
             continue
         if dtype == torch.float64 and _matches(got, want, atol=2e-5):
             fail(f"{label} is right only to float32 accuracy (largest error "
@@ -322,7 +335,7 @@ def check_sinusoidal_table(sinusoidal_table, hidden: bool = False) -> None:
         if not _matches(got[0], row0, atol=1e-6):
             fail(f"{label}: row 0 (position 0) is {[round(v, 3) for v in got[0, :6].tolist()]}..., expected "
                  f"[0, 1, 0, 1, ...] (sin 0 = 0, cos 0 = 1).", hint)
-        expect_close(got.double(), want, label, hint, atol=atol)
+        expect_close(got.double(), want, label, hint, atol=atol, rtol=rtol)
 
 
 # ----------------------------------------------------------------------------- exercise 3
@@ -351,10 +364,26 @@ def _show_k(k: torch.Tensor) -> str:
     return f"k = {values}" if len(values) <= 6 else f"{len(values)} offsets k from {min(values)} to {max(values)}"
 
 
+def _explain_shift_error(pe_shape: tuple[int, ...], k_shape: tuple[int, ...]) -> str | None:
+    """When k with a single trailing axis cannot broadcast against pe's pairs, that is the likely error."""
+    if not k_shape:
+        return None
+    pairs = pe_shape[:-1] + (pe_shape[-1] // 2,)                                 # (..., T, d_model/2)
+    try:
+        torch.broadcast_shapes(k_shape + (pe_shape[-1] // 2,), pairs)
+        return None
+    except RuntimeError:
+        return (f"k holds one offset per sequence, shape {k_shape}, and pe's pairs are {pairs} = (..., T, "
+                "d_model/2): with one trailing axis (k[..., None]) the angles are (..., d_model/2) and their "
+                "sequence axis meets the T axis of pe. Give k two trailing axes, k[..., None, None], so that each "
+                "offset reaches every position and every pair of its own sequence.")
+
+
 def check_shift_encodings(shift_encodings, hidden: bool = False) -> None:
     """Cases: (start positions of each sequence (...,), T, d_model, k (...,), base, dtype)."""
     cases = [(torch.tensor([0.0, 7.0]), 5, 8, torch.tensor([3.0, -2.0]), 10000.0, torch.float32),
-             (torch.tensor(4.0), 6, 6, torch.tensor(5.0), 100.0, torch.float32)]
+             (torch.tensor(4.0), 6, 6, torch.tensor(5.0), 100.0, torch.float32),
+             (torch.tensor([3.0, 40.0]), 4, 8, torch.tensor([-6.0, 2.5]), 10000.0, torch.float64)]
     if hidden:
         g, rng = hidden_generator("shift_encodings"), hidden_rng("shift_encodings")
         cases += [
@@ -375,9 +404,9 @@ def check_shift_encodings(shift_encodings, hidden: bool = False) -> None:
         pe = _sin_enc64(positions, d_model, base).to(dtype)                                 # (..., T, d_model)
         k = k.to(dtype)
         pe_before, k_before = pe.clone(), k.clone()
-        got = call(shift_encodings, pe, k, base)
-        lead = tuple(starts.shape)
         label = (f"shift_encodings(pe of shape {tuple(pe.shape)} ({dtype}), {_show_k(k)}, base={base:g})")
+        got = _call_explained(shift_encodings, pe, k, base, name=label,
+                              explain=lambda: _explain_shift_error(tuple(pe.shape), tuple(k.shape)))
         expect(torch.equal(pe, pe_before) and torch.equal(k, k_before), "shift_encodings changed its inputs in place.",
                "build new tensors; do not write into pe or k.")
         expect_tensor(got, tuple(pe.shape), label)
@@ -385,8 +414,8 @@ def check_shift_encodings(shift_encodings, hidden: bool = False) -> None:
                "create every new tensor with pe's dtype and device (the angles too).")
         shift = k.double()[..., None]                                                        # (..., 1)
         want = _sin_enc64(positions + shift, d_model, base)
-        atol = 2e-5 if dtype == torch.float32 else 1e-10
-        if _matches(got, want, atol=atol):
+        atol, rtol = (2e-5, 1e-5) if dtype == torch.float32 else (1e-10, 1e-10)
+        if _matches(got, want, atol=atol, rtol=rtol):
             continue
         if dtype == torch.float64 and _matches(got, want, atol=1e-4):
             fail(f"{label} is right only to float32 accuracy (largest error "
@@ -418,7 +447,7 @@ def check_shift_encodings(shift_encodings, hidden: bool = False) -> None:
                          f"for {_show_k(k)} and base={base:g}: with (s, c) = (pe[..., 2i], pe[..., 2i+1]) and "
                          "b = k * w_i, the pair becomes (s cos b + c sin b, c cos b - s sin b), with k broadcast "
                          "over the positions of its sequence.", atol=atol if dtype == torch.float32 else 1e-5)
-        expect_close(got.double(), want, label, hint, atol=atol)
+        expect_close(got.double(), want, label, hint, atol=atol, rtol=rtol)
 
 
 # ----------------------------------------------------------------------------- exercise 4
@@ -564,7 +593,7 @@ def check_rope_frequencies(rope_frequencies, hidden: bool = False) -> None:
         ] + _base_ignored(lambda b: _freqs64(d_head, b), base),
             f"for d_head={d_head}, base={base:g}: theta_j = base^(-2j/d_head) = exp(-2j * ln(base) / d_head), "
             "j = 0 .. d_head/2 - 1.", atol=1e-7)
-        expect_close(got.double(), want, label, hint, atol=atol)
+        expect_close(got.double(), want, label, hint, atol=atol, rtol=rtol)
 
 
 def check_rotate_half(rotate_half, hidden: bool = False) -> None:
@@ -638,7 +667,9 @@ def _fractional(positions: torch.Tensor) -> bool:
 def _rope_cases(hidden: bool) -> list[tuple[tuple[int, ...], torch.Tensor, float, torch.dtype]]:
     """(shape of x (B, H, T, d_head), positions (T,) or (B, T), base, dtype)."""
     cases = [((2, 2, 4, 8), torch.tensor([[0, 1, 2, 3], [5, 6, 7, 8]]), 10000.0, torch.float32),
-             ((2, 3, 5, 16), torch.tensor([0, 3, 7, 12, 40]), 100.0, torch.float32)]
+             ((2, 3, 5, 16), torch.tensor([0, 3, 7, 12, 40]), 100.0, torch.float32),
+             ((2, 1, 3, 8), torch.tensor([[0.0, 2.5, 7.0], [100.0, 101.0, 102.0]]), 10000.0, torch.float64),
+             ((1, 2, 6, 16), torch.arange(1500, 1506), 10000.0, torch.bfloat16)]
     if hidden:
         g, rng = hidden_generator("apply_rope/positions"), hidden_rng("apply_rope")
         cases += [((1, 1, 4, 2), torch.arange(4), 10000.0, torch.float32),
@@ -663,10 +694,12 @@ def _rope_cases(hidden: bool) -> list[tuple[tuple[int, ...], torch.Tensor, float
 _TOLERANCE = {torch.float32: 2e-5, torch.float64: 1e-10, torch.bfloat16: 4e-2, torch.float16: 1e-2}
 
 
+_RTOL = {torch.float32: 1e-5, torch.float64: 1e-10, torch.bfloat16: 2e-2, torch.float16: 2e-2}
+
+
 def _rope_close(got: torch.Tensor, want: torch.Tensor, dtype: torch.dtype) -> bool:
-    rtol = 2e-2 if dtype in (torch.bfloat16, torch.float16) else 1e-5
     return got.shape == want.shape and bool(torch.allclose(got.detach().double(), want, atol=_TOLERANCE[dtype],
-                                                           rtol=rtol))
+                                                           rtol=_RTOL[dtype]))
 
 
 def check_apply_rope(apply_rope, hidden: bool = False) -> None:
@@ -697,10 +730,15 @@ def check_apply_rope(apply_rope, hidden: bool = False) -> None:
         if dtype == torch.bfloat16 and _matches(got, want, atol=8.0):
             err = (got.double() - want).abs().max().item()
             if err > 0.2:
+                p = positions.double().flatten()
+                moved = p[p.to(torch.bfloat16).double() != p]
+                example = (f" ({int(moved[0])} becomes {int(moved[0].to(torch.bfloat16))})"
+                           if moved.numel() and moved[0] == moved[0].round() else "")
                 fail(f"{label} is off by up to {err:.2f}: far more than bfloat16 rounding (about 0.02).",
-                     "the angles were computed in bfloat16: with 8 bits of mantissa, positions above 256 are "
-                     "rounded (3001 becomes 3008) and the angles are off by radians. Compute positions * theta, "
-                     "cos and sin in float32, then cast to x.dtype.")
+                     f"the angles were computed in bfloat16: with 8 bits of mantissa it cannot store every position "
+                     f"above 256{example}, and the angles are off by radians. Compute the positions, positions * "
+                     "theta, cos and sin in float32 (float64 for float64 x), then cast cos and sin, or the result, "
+                     "to x.dtype.")
         d = shape[-1]
         j = torch.arange(d // 2, dtype=torch.float64)
         B, H = shape[0], shape[1]
@@ -744,7 +782,7 @@ def check_apply_rope(apply_rope, hidden: bool = False) -> None:
                 fail(f"{label}: the vectors' norms changed; a rotation keeps them.",
                      "both members of a pair must be rotated by the same angle with cos and sin of that angle. "
                      + hint)
-        expect_close(got.double(), want, label, hint, atol=_TOLERANCE[dtype])
+        expect_close(got.double(), want, label, hint, atol=_TOLERANCE[dtype], rtol=_RTOL[dtype])
     # The property RoPE exists for: the score of q at m and k at n depends only on m - n.
     d = 16
     q, k = torch.randn(1, 1, 1, d, generator=g), torch.randn(1, 1, 1, d, generator=g)
@@ -795,7 +833,9 @@ def _gqa_rope_scores(w: torch.Tensor, x: torch.Tensor, n_heads: int, n_kv_heads:
 
 def check_qkv_half_split_to_interleaved(qkv_half_split_to_interleaved, hidden: bool = False) -> None:
     """Configs: (n_heads, n_kv_heads, d_head, trailing shape: (d_model,) for a weight, () for a bias, dtype)."""
-    configs = [(4, 2, 8, (12,), torch.float32), (2, 2, 4, (), torch.float32)]
+    # Multi-head first: an answer that works there and raises on grouped-query weights (n_kv_heads < n_heads)
+    # most likely took the key and value blocks to have n_heads heads each.
+    configs = [(2, 2, 4, (), torch.float32), (4, 2, 8, (12,), torch.float32)]
     if hidden:
         rng = hidden_rng("qkv_half_split_to_interleaved")
         configs += [(8, 1, 16, (24,), torch.float32), (6, 3, 6, (10,), torch.bfloat16), (3, 3, 10, (), torch.float64),
@@ -808,10 +848,18 @@ def check_qkv_half_split_to_interleaved(qkv_half_split_to_interleaved, hidden: b
         rows = (n_heads + 2 * n_kv_heads) * d_head
         w = torch.randn(rows, *trailing, generator=g).to(dtype)
         before = w.clone()
-        got = call(qkv_half_split_to_interleaved, w, n_heads, n_kv_heads)
         what = "bias" if not trailing else "weight"
         label = (f"qkv_half_split_to_interleaved({what} of shape {tuple(w.shape)} ({dtype}), n_heads={n_heads}, "
                  f"n_kv_heads={n_kv_heads})")
+        got = _call_explained(
+            qkv_half_split_to_interleaved, w, n_heads, n_kv_heads, name=label,
+            explain=lambda: None if n_kv_heads == n_heads else (
+                f"the multi-head case passed and this grouped-query weight (n_kv_heads={n_kv_heads} < "
+                f"n_heads={n_heads}) raised. Its {rows} rows are "
+                f"(n_heads + 2 * n_kv_heads) * d_head = {n_heads + 2 * n_kv_heads} * {d_head}, so d_head = "
+                f"rows // (n_heads + 2 * n_kv_heads) = {d_head}. d_head computed as if the key and value blocks had "
+                f"n_heads heads too, rows // (3 * n_heads) = {rows // (3 * n_heads)}, cuts the blocks at the wrong "
+                "rows."))
         expect(torch.equal(w, before), "qkv_half_split_to_interleaved changed the tensor it was given.",
                "return a new tensor; do not edit the weight in place.")
         expect_tensor(got, tuple(w.shape), label)
@@ -1060,9 +1108,13 @@ def _check_prediction(predicted_reach) -> None:
     except (TypeError, ValueError):
         fail(f"predicted_reach() returned {type(value).__name__}, expected a number.",
              "return your prediction as a number: the distance d.")
-    if abs(value - REACH_ANSWER) <= 0.5:
+    if value == REACH_ANSWER:
         return
     exact = math.log(1 / REACH_THRESHOLD) / REACH_SLOPE
+    if value != round(value) and abs(value - exact) < 1:
+        fail(f"predicted_reach() is {value:g}, not a whole number of tokens.",
+             f"e^(-d/8) falls below 1% at d = {exact:.2f}, but keys sit at whole distances d = 0, 1, 2, ... (a "
+             "distance is a whole number of tokens): the answer is the first whole distance past that point.")
     guesses = [
         (math.floor(exact), "that rounds down: at that distance the weight is still above 1% (e^(-36/8) = 1.1%); "
                             "the question asks for the first distance at which it is below."),
@@ -1111,6 +1163,18 @@ def check_alibi_reach(predicted_reach, alibi_reach, hidden: bool = False) -> Non
         if torch.equal(got.long(), want):
             continue
         shown = f"got {got.tolist()}, expected {want.tolist()}"
+        none = want == -1
+        if bool(none.any()) and torch.equal(got.long()[~none], want[~none]):
+            heads = none.nonzero().flatten().tolist()
+            given = set(got.long()[none].tolist())
+            why = ("argmax of a row with no True is 0, the same answer as a first key at distance 0: tell the two "
+                   "apart with .any(dim=-1)" if given == {0} else
+                   "n_keys is no distance; -1 says that there is none" if given == {n_keys} else
+                   "-1 says that there is no such distance")
+            fail(f"{label}: {shown}.",
+                 f"the heads with a key below the threshold are right; for head{'s' if len(heads) > 1 else ''} "
+                 f"{', '.join(map(str, heads))} no key of these {n_keys} is below it, and such a head must give -1: "
+                 f"return -1 for them ({why}).")
         hint = next((h for v, h in [
             (_reach_oracle(slopes, threshold, n_keys, ratio=False),
              f"the threshold is relative ({threshold:.4g} of the weight at distance 0), not an absolute weight: "
@@ -1139,6 +1203,8 @@ def _cached_attention64(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_pas
     T_past, T_new, d = k_past.shape[-2], q.shape[-2], q.shape[-1]
     new_pos = torch.arange(T_past, T_past + T_new) if kind not in ("no_offset", "no_offset_both") else torch.arange(T_new)
     q_rot, k_rot = _rope_b64(q, new_pos, base), _rope_b64(k, new_pos, base)
+    if kind == "query_from_zero":
+        q_rot = _rope_b64(q, torch.arange(T_new), base)
     past = _rope_b64(k_past, torch.arange(T_past), base)
     if kind == "cache_rotated_twice":
         past = _rope_b64(past, torch.arange(T_past), base)
@@ -1210,6 +1276,11 @@ def _check_rope_attention_step(rope_attention_step, hidden: bool) -> None:
                                f"absolute position T_past + t, and let it see the keys up to that position."),
             ("no_offset", f"the new tokens were rotated as positions 0 .. {T_new - 1}, but they come after "
                           f"{T_past} cached ones: rotate new token t by its absolute position T_past + t."),
+            ("query_from_zero", "the new keys and the mask are right, but the queries were rotated as "
+                                + ("position 0" if T_new == 1 else f"positions 0 .. {T_new - 1}")
+                                + f": a query is rotated at its own absolute position, T_past + t (here {T_past}"
+                                f"{'' if T_new == 1 else f' .. {T_past + T_new - 1}'}), like the key of the same "
+                                "token; otherwise its scores measure the distance from the wrong place."),
             ("cache_rotated_twice", "the cached keys were rotated again: the cache holds keys already rotated at "
                                     "their own positions; rotate only the new keys, then append them."),
             ("values_rotated", "the values were rotated: RoPE rotates only queries and keys."),
@@ -1225,7 +1296,8 @@ def _check_rope_attention_step(rope_attention_step, hidden: bool) -> None:
         hint = next((h for kind, h in variants
                      if (kind in changes_cache) != cache_ok
                      and (kind != "no_mask" or T_new > 1) and (kind != "top_left" or T_past > 0)
-                     and (kind not in ("no_offset", "no_offset_both", "cache_rotated_twice") or T_past > 0)
+                     and (kind not in ("no_offset", "no_offset_both", "cache_rotated_twice", "query_from_zero")
+                          or T_past > 0)
                      and _matches(out, _cached_attention64(q, k, v, k_past, v_cache, base, kind)[0], atol=atol)),
                     None)
         if hint is None and not cache_ok:

@@ -53,11 +53,11 @@ MISTAKES = [
     Mistake("sinusoidal_base_ignored", "ex2_answer",
             "* (-math.log(base) / d_model))", "* (-math.log(10000.0) / d_model))",
             EX2, "the answer matches base 10000", e2e=False),
-    # Only the hidden float64 case shows it: computed in float32, then converted.
+    # The float64 cases (one visible) show it: computed in float32, then converted.
     Mistake("sinusoidal_float32_then_cast", "ex2_answer",
             "freq = torch.exp(torch.arange(0, d_model, 2, dtype=dtype)",
             "freq = torch.exp(torch.arange(0, d_model, 2, dtype=torch.float32)",
-            ("ex2_hidden",), "computed in float32 and then converted", e2e=False),
+            EX2, "computed in float32 and then converted", e2e=False),
     # 3: shifting encodings
     Mistake("shift_turns_wrong_way", "ex3_answer",
             "    new_s = s * cos_b + c * sin_b                                                      # sin(a + b)\n"
@@ -75,7 +75,12 @@ MISTAKES = [
     Mistake("shift_angles_in_float32", "ex3_answer",
             "    angle = k.to(pe.dtype)[..., None, None] * freq",
             "    angle = (k.float()[..., None, None] * freq.float()).to(pe.dtype)",
-            ("ex3_hidden",), "computed the angles in float32", e2e=False),
+            EX3, "computed the angles in float32", e2e=False),
+    # One offset per sequence with a single trailing axis: its sequence axis meets pe's T axis (an
+    # error on most shapes); the message must say so, not only show the broadcasting error.
+    Mistake("shift_offset_one_trailing_axis", "ex3_answer",
+            "angle = k.to(pe.dtype)[..., None, None] * freq", "angle = k.to(pe.dtype)[..., None] * freq",
+            EX3, "with one trailing axis (k[..., None])", e2e=False),
     Mistake("shift_base_ignored", "ex3_answer",
             "* (-math.log(base) / d_model))", "* (-math.log(10000.0) / d_model))",
             EX3, "the answer matches base 10000", e2e=False),
@@ -104,14 +109,15 @@ MISTAKES = [
             "    if angles.dim() == 3:\n        angles = angles[:, None]                                                  # (B, 1, T, d_head)\n",
             "",
             EX5, "row b rotated head b"),
+    # Both dtype policies are taught by a visible case (bfloat16 at positions 1500+, float64).
     Mistake("rope_angles_in_bfloat16", "ex5_answer",
             "    work = torch.float64 if x.dtype == torch.float64 else torch.float32",
             "    work = x.dtype",
-            ("ex5_hidden",), "the angles were computed in bfloat16"),
+            EX5, "the angles were computed in bfloat16"),
     Mistake("rope_angles_always_float32", "ex5_answer",
             "    work = torch.float64 if x.dtype == torch.float64 else torch.float32",
             "    work = torch.float32",
-            ("ex5_hidden",), "compute the frequencies and angles in float64", e2e=False),
+            EX5, "compute the frequencies and angles in float64", e2e=False),
     # Only the hidden tests use fractional positions; the hint must say that they were rounded.
     Mistake("rope_positions_rounded", "ex5_answer",
             "angles = positions.to(device=x.device, dtype=work)[..., None]",
@@ -146,6 +152,10 @@ MISTAKES = [
             "to_interleaved(k, n_kv_heads), v.clone()), dim=0)",
             "k.clone(), v.clone()), dim=0)",
             EX6, "keys are rotated as well"),
+    # Right for multi-head weights, raises on grouped-query ones: the message must name d_head.
+    Mistake("conversion_d_head_as_if_all_query_heads", "ex6_answer",
+            "d_head = rows // (n_heads + 2 * n_kv_heads)", "d_head = rows // (3 * n_heads)",
+            EX6, "as if the key and value blocks had n_heads heads", e2e=False),
     Mistake("conversion_mixes_heads", "ex6_answer",
             "pairs = block.reshape(n, 2, d_head // 2, *rest)                 # (head, member, pair, ...)\n"
             "        return pairs.transpose(1, 2).reshape(block.shape)",
@@ -191,12 +201,20 @@ MISTAKES = [
             EX9, "that rounds down"),
     Mistake("reach_predicted_with_log10", "ex9_answer", "return 37 ", "return 16 ",
             EX9, "use the natural logarithm"),
+    # 36.84 is where the weight crosses 1%; the keys sit at whole distances.
+    Mistake("reach_predicted_not_whole", "ex9_answer", "return 37 ", "return 8 * math.log(100) ",
+            EX9, "a distance is a whole number of tokens", e2e=False),
     Mistake("reach_absolute_threshold", "ex9_answer",
             "below = weights < threshold * weights[:, :1]", "below = weights < threshold",
             EX9, "the threshold is relative"),
     Mistake("reach_counted_from_one", "ex9_answer",
             "first = below.long().argmax(dim=-1)  ", "first = below.long().argmax(dim=-1) + 1  ",
             EX9, "distances start at 0"),
+    # argmax of a row with no key below the threshold is 0: the hint must be about -1, never blame
+    # the threshold, which is right.
+    Mistake("reach_no_key_as_zero", "ex9_answer",
+            "return torch.where(below.any(dim=-1), first, torch.full_like(first, -1))", "return first",
+            EX9, "such a head must give -1", e2e=False),
     Mistake("reach_none_as_n_keys", "ex9_answer",
             "torch.full_like(first, -1)", "torch.full_like(first, n_keys)",
             EX9, "return -1 for them"),
@@ -205,6 +223,11 @@ MISTAKES = [
             "positions = torch.arange(T_past, T_past + T_new, device=q.device)",
             "positions = torch.arange(T_new, device=q.device)",
             EX10, "rotate new token t by its absolute position"),
+    # The pitfall the book lists: keys at their absolute positions, the queries from 0.
+    Mistake("cache_query_at_position_zero", "ex10_answer",
+            "q, k = apply_rope(q, positions, base), apply_rope(k, positions, base)",
+            "q, k = apply_rope(q, torch.arange(T_new, device=q.device), base), apply_rope(k, positions, base)",
+            EX10, "the queries were rotated as position", e2e=False),
     Mistake("cache_mask_top_left", "ex10_answer",
             "future = torch.arange(T_past + T_new, device=q.device)[None, :] > positions[:, None]",
             "future = torch.arange(T_past + T_new, device=q.device)[None, :] > torch.arange(T_new)[:, None]",

@@ -21,7 +21,7 @@ from typing import Callable
 import torch
 import torch.nn as nn
 
-from ._core import CheckFailed, call, earlier_first, expect, expect_close, expect_tensor, fail, generator
+from ._core import CheckFailed, call, expect, expect_close, expect_tensor, fail, generator
 from ._hidden import hidden_generator, hidden_rng, hidden_seed
 
 # ----------------------------------------------------------------------------- oracles
@@ -302,12 +302,19 @@ def _sinusoidal_variants(seq_len: int, d_model: int, base: float) -> list[tuple[
     ]
 
 
+# (atol, rtol) against the exact table: about one rounding step of the dtype (entries lie in [-1, 1]).
+_TABLE_TOLERANCE = {torch.float32: (2e-5, 1e-5), torch.float64: (1e-12, 1e-12), torch.float16: (1e-3, 1e-3),
+                    torch.bfloat16: (8e-3, 8e-3)}
+
+
 def check_sinusoidal_table(sinusoidal_table, hidden: bool = False) -> None:
-    cases = [(6, 8, 10000.0, torch.float32), (50, 16, 100.0, torch.float32), (12, 8, 1000.0, torch.float64)]
+    cases = [(6, 8, 10000.0, torch.float32), (50, 16, 100.0, torch.float32), (12, 8, 1000.0, torch.float64),
+             (100, 16, 10000.0, torch.float16)]
     if hidden:
         rng = hidden_rng("sinusoidal_table")
         cases += [(1, 4, 10000.0, torch.float32), (128, 512, 10000.0, torch.float32), (33, 10, 500.0, torch.float32),
-                  (100, 64, 1e6, torch.float64), (7, 2, 10000.0, torch.float32)]
+                  (100, 64, 1e6, torch.float64), (7, 2, 10000.0, torch.float32), (300, 32, 1000.0, torch.float16),
+                  (200, 24, 10000.0, torch.bfloat16)]
         cases += [(rng.randrange(1, 129), 2 * rng.randrange(1, 129), _draw_base(rng), dtype)
                   for dtype in (torch.float32, torch.float64, torch.float32)]
     for seq_len, d_model, base, dtype in cases:
@@ -318,14 +325,19 @@ def check_sinusoidal_table(sinusoidal_table, hidden: bool = False) -> None:
         expect(got.dtype == dtype, f"{label} has dtype {got.dtype}, expected {dtype}.",
                "create the table with the dtype argument (float32 by default), not a fixed dtype.")
         want = _sin_table64(seq_len, d_model, base)
-        atol, rtol = (2e-5, 1e-5) if dtype == torch.float32 else (1e-12, 1e-12)
+        atol, rtol = _TABLE_TOLERANCE[dtype]
         if _matches(got, want, atol=atol, rtol=rtol):
             continue
+        err = (got.double() - want).abs().max().item()
         if dtype == torch.float64 and _matches(got, want, atol=2e-5):
-            fail(f"{label} is right only to float32 accuracy (largest error "
-                 f"{(got.double() - want).abs().max().item():.1e}; float64 allows about 1e-15).",
-                 "the float64 table was computed in float32 and then converted: build the positions and the "
-                 "frequencies in the dtype asked for (torch.arange(..., dtype=dtype)).")
+            fail(f"{label} is right only to float32 accuracy (largest error {err:.1e}; float64 allows about 1e-15).",
+                 "the float64 table was computed in float32 and then converted: compute the positions, the "
+                 "frequencies and the angles in float64, then cast the finished table to dtype (.to(dtype)).")
+        if dtype in (torch.float16, torch.bfloat16) and _matches(got, want, atol=0.3):
+            fail(f"{label} is off by up to {err:.2g}: far more than {dtype} rounding (about {atol / 2:.0e}).",
+                 f"the table was computed in {dtype}: with so few bits of mantissa the frequencies and the "
+                 "angles pos * w_i are off by far more than the rounding of the final entries. Compute in float64 "
+                 "(at least float32), then cast the finished table to dtype (.to(dtype)).")
         hint = _diagnose(got, _base_ignored(lambda b: _sin_table64(seq_len, d_model, b), base)
                          + _sinusoidal_variants(seq_len, d_model, base),
                          f"for seq_len={seq_len}, d_model={d_model}, base={base:g}: PE[pos, 2i] = sin(pos * w_i) "
@@ -1223,15 +1235,67 @@ def _cached_attention64(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_pas
 
 
 def check_rope_attention_step(rope_attention_step, apply_rope=None, hidden: bool = False) -> None:
-    """apply_rope, when given, is the exercise 5 answer it calls: a failure it causes is blamed on it."""
-    earlier = [] if apply_rope is None else [
-        ("rope_attention_step calls your apply_rope, which fails exercise 5's tests",
-         lambda: check_apply_rope(apply_rope, hidden=hidden))]
-    with earlier_first(*earlier):
-        _check_rope_attention_step(rope_attention_step, hidden)
+    """apply_rope, when given, is the exercise 5 answer it calls. When a case fails and that answer fails exercise
+    5's tests, the failure is blamed on it only if it also rotates this case's inputs wrongly; otherwise this
+    exercise's own cause is given (diagnosed against a reference rotation), followed by a note about exercise 5."""
+    _check_rope_attention_step(rope_attention_step, hidden, _Exercise5(apply_rope, hidden))
 
 
-def _check_rope_attention_step(rope_attention_step, hidden: bool) -> None:
+class _Exercise5:
+    """What is known of the student's apply_rope: its exercise 5 failure (checked once, when first needed) and
+    whether it rotates the inputs of one case of this exercise right."""
+
+    WHAT = "rope_attention_step calls your apply_rope, which fails exercise 5's tests"
+
+    def __init__(self, apply_rope, hidden: bool):
+        self.apply_rope, self.hidden, self._failure = apply_rope, hidden, False
+
+    def failure(self) -> str | None:
+        """The hint of exercise 5's failing test, or None (no apply_rope, a stub, or it passes)."""
+        if self._failure is False:
+            self._failure = None
+            if self.apply_rope is not None:
+                try:
+                    check_apply_rope(self.apply_rope, hidden=self.hidden)
+                except NotImplementedError:
+                    pass
+                except CheckFailed as inner:
+                    self._failure = str(inner).split("\nLikely mistake: ", 1)[-1]
+        return self._failure
+
+    def right_on(self, B: int, H: int, T_past: int, T_new: int, d: int, base: float, dtype: torch.dtype) -> bool:
+        """Whether apply_rope rotates tensors of this case (the new tokens at T_past .. T_past + T_new - 1, and
+        every position up to the last) like the reference, in this dtype."""
+        g = generator(113)
+        T_all = T_past + T_new
+        for T, positions in ((T_new, torch.arange(T_past, T_all)), (T_all, torch.arange(T_all))):
+            x = torch.randn(B, H, T, d, generator=g, dtype=torch.float64).to(dtype)
+            try:
+                got = self.apply_rope(x, positions, base)
+                if got.dtype != dtype or not _rope_close(got, _rope_b64(x, positions, base), dtype):
+                    return False
+            except Exception:  # noqa: BLE001 - any error means it cannot be trusted on this case
+                return False
+        return True
+
+    def blame(self, err: CheckFailed, case: tuple) -> CheckFailed:
+        """The failure of a case, with exercise 5 blamed or mentioned as the facts say."""
+        inner = self.failure()
+        if inner is None:
+            return err
+        found, _, own = str(err).partition("\nLikely mistake: ")
+        if not self.right_on(*case):
+            return CheckFailed(f"{found}\nLikely mistake: {self.WHAT}: fix that exercise first. Its test says: "
+                               f"{inner}")
+        B, H, T_past, T_new, d, base, dtype = case
+        note = (f"Also: your apply_rope (exercise 5), which rope_attention_step calls, fails exercise 5's tests on "
+                f"inputs that this case does not use: it rotates this case's positions 0 .. {T_past + T_new - 1} in "
+                f"{dtype} right, so the cause above is in rope_attention_step itself. Fix exercise 5 too; its test "
+                f"says: {inner}")
+        return CheckFailed(f"{found}\nLikely mistake: {own}\n{note}" if own else f"{found}\n{note}")
+
+
+def _check_rope_attention_step(rope_attention_step, hidden: bool, exercise5: _Exercise5) -> None:
     """Cases: (B, n_heads, T_past, T_new, d_head, base, dtype)."""
     cases = [(1, 2, 5, 1, 8, 10000.0, torch.float32), (2, 2, 3, 4, 16, 100.0, torch.float32)]
     if hidden:
@@ -1242,74 +1306,85 @@ def _check_rope_attention_step(rope_attention_step, hidden: bool) -> None:
             cases.append((rng.randrange(1, 3), rng.randrange(1, 4), rng.randrange(0, 30), rng.randrange(1, 6),
                           2 * rng.randrange(2, 17), _draw_base(rng), dtype))
     g = generator(111) if not hidden else hidden_generator("rope_attention_step")
-    for B, H, T_past, T_new, d, base, dtype in cases:
-        q, k, v = (torch.randn(B, H, T_new, d, generator=g, dtype=torch.float64).to(dtype) for _ in range(3))
-        k_past = torch.randn(B, H, T_past, d, generator=g, dtype=torch.float64).to(dtype)
-        v_cache = torch.randn(B, H, T_past, d, generator=g, dtype=torch.float64).to(dtype)
-        k_cache = _rope_b64(k_past, torch.arange(T_past), base).to(dtype)              # rotated when cached
-        inputs = [q, k, v, k_cache, v_cache]
-        saved = [t.clone() for t in inputs]
-        got = call(rope_attention_step, q, k, v, k_cache, v_cache, base)
-        label = (f"rope_attention_step with {T_new} new token{'s' if T_new > 1 else ''} after a cache of {T_past} "
-                 f"(B={B}, n_heads={H}, d_head={d}, base={base:g}, {dtype})")
-        expect(all(torch.equal(a, b) for a, b in zip(inputs, saved)), f"{label} changed one of its inputs in place.",
-               "build new tensors (torch.cat makes the new cache); do not write into q, k, v or the cache.")
-        expect(isinstance(got, (tuple, list)) and len(got) == 3,
-               f"{label} returned {type(got).__name__}, expected a tuple (out, k_cache, v_cache).",
-               "return three tensors: the attention output and the two grown caches.")
-        out, new_k, new_v = got
-        expect_tensor(out, (B, H, T_new, d), f"the output of {label}")
-        expect_tensor(new_k, (B, H, T_past + T_new, d), f"the new k_cache of {label}")
-        expect_tensor(new_v, (B, H, T_past + T_new, d), f"the new v_cache of {label}")
-        expect(out.dtype == dtype and new_k.dtype == dtype, f"{label} returned dtype {out.dtype}, expected {dtype}.",
-               "keep the dtype of q: create every new tensor with q's dtype and device.")
-        want_out, want_keys = _cached_attention64(q, k, v, k_past, v_cache, base)
-        atol = 1e-4 if dtype == torch.float32 else 1e-10
-        cache_ok = _matches(new_k, want_keys, atol=atol) and _matches(new_v, torch.cat((v_cache, v), -2).double(), atol=0)
-        out_ok = _matches(out, want_out, atol=atol)
-        if cache_ok and out_ok:
-            continue
-        variants = [
-            ("no_offset_both", f"the new tokens were treated as positions {'0' if T_new == 1 else f'0 .. {T_new - 1}'}, "
-                               f"for the rotation and for "
-                               f"the mask, but they come after {T_past} cached ones: rotate new token t by its "
-                               f"absolute position T_past + t, and let it see the keys up to that position."),
-            ("no_offset", f"the new tokens were rotated as positions 0 .. {T_new - 1}, but they come after "
-                          f"{T_past} cached ones: rotate new token t by its absolute position T_past + t."),
-            ("query_from_zero", "the new keys and the mask are right, but the queries were rotated as "
-                                + ("position 0" if T_new == 1 else f"positions 0 .. {T_new - 1}")
-                                + f": a query is rotated at its own absolute position, T_past + t (here {T_past}"
-                                f"{'' if T_new == 1 else f' .. {T_past + T_new - 1}'}), like the key of the same "
-                                "token; otherwise its scores measure the distance from the wrong place."),
-            ("cache_rotated_twice", "the cached keys were rotated again: the cache holds keys already rotated at "
-                                    "their own positions; rotate only the new keys, then append them."),
-            ("values_rotated", "the values were rotated: RoPE rotates only queries and keys."),
-            ("top_left", f"the causal mask is aligned to the top left: new query t is at position {T_past} + t and "
-                         "sees every cached key and the new keys up to itself (a bottom-right mask; "
-                         "is_causal=True in scaled_dot_product_attention aligns it to the top left when "
-                         "q_len < k_len)."),
-            ("no_mask", "the new queries saw later new tokens: mask key j for query t when j > T_past + t."),
-            ("no_scale", "divide the scores by sqrt(d_head) before the softmax."),
-        ]
-        # A variant that changes what is cached can explain a wrong cache; the others cannot.
-        changes_cache = {"no_offset", "no_offset_both", "cache_rotated_twice", "values_rotated"}
-        hint = next((h for kind, h in variants
-                     if (kind in changes_cache) != cache_ok
-                     and (kind != "no_mask" or T_new > 1) and (kind != "top_left" or T_past > 0)
-                     and (kind not in ("no_offset", "no_offset_both", "cache_rotated_twice", "query_from_zero")
-                          or T_past > 0)
-                     and _matches(out, _cached_attention64(q, k, v, k_past, v_cache, base, kind)[0], atol=atol)),
-                    None)
-        if hint is None and not cache_ok:
-            hint = ("the new cache must be cat((k_cache, apply_rope(k, positions)), dim=-2) with positions T_past .. "
-                    "T_past + T_new - 1, and cat((v_cache, v), dim=-2).")
-        if hint is None and dtype == torch.float64 and _matches(out, want_out, atol=1e-4):
-            hint = ("right to float32 accuracy only: for float64 inputs compute everything in float64 (the scores, "
-                    "the mask and the angles of your apply_rope).")
-        if hint is None:
-            hint = (f"with T_past={T_past}, T_new={T_new}: rotate q and k by positions T_past .. T_past + T_new - 1, "
-                    "append k and v to the caches, scores = q @ keys^T / sqrt(d_head) with key j masked (-inf) for "
-                    "query t when j > T_past + t, softmax over the keys, times the values.")
-        what = "the output" if cache_ok else "the new k_cache" if not _matches(new_k, want_keys, atol=atol) else "the new v_cache"
-        fail(f"{label}: {what} is not what attention over the whole sequence, with RoPE at absolute positions, "
-             "gives.", hint)
+    for case in cases:
+        try:
+            _check_attention_case(rope_attention_step, case, g)
+        except CheckFailed as err:
+            blamed = exercise5.blame(err, case)
+            if blamed is err:
+                raise
+            raise blamed from err
+
+
+def _check_attention_case(rope_attention_step, case: tuple, g: torch.Generator) -> None:
+    B, H, T_past, T_new, d, base, dtype = case
+    q, k, v = (torch.randn(B, H, T_new, d, generator=g, dtype=torch.float64).to(dtype) for _ in range(3))
+    k_past = torch.randn(B, H, T_past, d, generator=g, dtype=torch.float64).to(dtype)
+    v_cache = torch.randn(B, H, T_past, d, generator=g, dtype=torch.float64).to(dtype)
+    k_cache = _rope_b64(k_past, torch.arange(T_past), base).to(dtype)              # rotated when cached
+    inputs = [q, k, v, k_cache, v_cache]
+    saved = [t.clone() for t in inputs]
+    got = call(rope_attention_step, q, k, v, k_cache, v_cache, base)
+    label = (f"rope_attention_step with {T_new} new token{'s' if T_new > 1 else ''} after a cache of {T_past} "
+             f"(B={B}, n_heads={H}, d_head={d}, base={base:g}, {dtype})")
+    expect(all(torch.equal(a, b) for a, b in zip(inputs, saved)), f"{label} changed one of its inputs in place.",
+           "build new tensors (torch.cat makes the new cache); do not write into q, k, v or the cache.")
+    expect(isinstance(got, (tuple, list)) and len(got) == 3,
+           f"{label} returned {type(got).__name__}, expected a tuple (out, k_cache, v_cache).",
+           "return three tensors: the attention output and the two grown caches.")
+    out, new_k, new_v = got
+    expect_tensor(out, (B, H, T_new, d), f"the output of {label}")
+    expect_tensor(new_k, (B, H, T_past + T_new, d), f"the new k_cache of {label}")
+    expect_tensor(new_v, (B, H, T_past + T_new, d), f"the new v_cache of {label}")
+    expect(out.dtype == dtype and new_k.dtype == dtype, f"{label} returned dtype {out.dtype}, expected {dtype}.",
+           "keep the dtype of q: create every new tensor with q's dtype and device.")
+    want_out, want_keys = _cached_attention64(q, k, v, k_past, v_cache, base)
+    atol = 1e-4 if dtype == torch.float32 else 1e-10
+    cache_ok = _matches(new_k, want_keys, atol=atol) and _matches(new_v, torch.cat((v_cache, v), -2).double(), atol=0)
+    out_ok = _matches(out, want_out, atol=atol)
+    if cache_ok and out_ok:
+        return
+    variants = [
+        ("no_offset_both", f"the new tokens were treated as positions {'0' if T_new == 1 else f'0 .. {T_new - 1}'}, "
+                           f"for the rotation and for "
+                           f"the mask, but they come after {T_past} cached ones: rotate new token t by its "
+                           f"absolute position T_past + t, and let it see the keys up to that position."),
+        ("no_offset", f"the new tokens were rotated as positions 0 .. {T_new - 1}, but they come after "
+                      f"{T_past} cached ones: rotate new token t by its absolute position T_past + t."),
+        ("query_from_zero", "the new keys and the mask are right, but the queries were rotated as "
+                            + ("position 0" if T_new == 1 else f"positions 0 .. {T_new - 1}")
+                            + f": a query is rotated at its own absolute position, T_past + t (here {T_past}"
+                            f"{'' if T_new == 1 else f' .. {T_past + T_new - 1}'}), like the key of the same "
+                            "token; otherwise its scores measure the distance from the wrong place."),
+        ("cache_rotated_twice", "the cached keys were rotated again: the cache holds keys already rotated at "
+                                "their own positions; rotate only the new keys, then append them."),
+        ("values_rotated", "the values were rotated: RoPE rotates only queries and keys."),
+        ("top_left", f"the causal mask is aligned to the top left: new query t is at position {T_past} + t and "
+                     "sees every cached key and the new keys up to itself (a bottom-right mask; "
+                     "is_causal=True in scaled_dot_product_attention aligns it to the top left when "
+                     "q_len < k_len)."),
+        ("no_mask", "the new queries saw later new tokens: mask key j for query t when j > T_past + t."),
+        ("no_scale", "divide the scores by sqrt(d_head) before the softmax."),
+    ]
+    # A variant that changes what is cached can explain a wrong cache; the others cannot.
+    changes_cache = {"no_offset", "no_offset_both", "cache_rotated_twice", "values_rotated"}
+    hint = next((h for kind, h in variants
+                 if (kind in changes_cache) != cache_ok
+                 and (kind != "no_mask" or T_new > 1) and (kind != "top_left" or T_past > 0)
+                 and (kind not in ("no_offset", "no_offset_both", "cache_rotated_twice", "query_from_zero")
+                      or T_past > 0)
+                 and _matches(out, _cached_attention64(q, k, v, k_past, v_cache, base, kind)[0], atol=atol)),
+                None)
+    if hint is None and not cache_ok:
+        hint = ("the new cache must be cat((k_cache, apply_rope(k, positions)), dim=-2) with positions T_past .. "
+                "T_past + T_new - 1, and cat((v_cache, v), dim=-2).")
+    if hint is None and dtype == torch.float64 and _matches(out, want_out, atol=1e-4):
+        hint = ("right to float32 accuracy only: for float64 inputs compute everything in float64 (the scores, "
+                "the mask and the angles of your apply_rope).")
+    if hint is None:
+        hint = (f"with T_past={T_past}, T_new={T_new}: rotate q and k by positions T_past .. T_past + T_new - 1, "
+                "append k and v to the caches, scores = q @ keys^T / sqrt(d_head) with key j masked (-inf) for "
+                "query t when j > T_past + t, softmax over the keys, times the values.")
+    what = "the output" if cache_ok else "the new k_cache" if not _matches(new_k, want_keys, atol=atol) else "the new v_cache"
+    fail(f"{label}: {what} is not what attention over the whole sequence, with RoPE at absolute positions, "
+         "gives.", hint)

@@ -1,6 +1,21 @@
 """Chapter 2: common mistakes, each of which must lose points and get its own hint."""
 
+from dataclasses import dataclass
+
 from notebook_tools import Mistake
+
+
+@dataclass(frozen=True)
+class TwoMistakes(Mistake):
+    """A wrong answer in two cells: ``old2`` replaced by ``new2`` in ``cell2`` as well."""
+
+    cell2: str = ""
+    old2: str = ""
+    new2: str = ""
+
+    def apply(self, answers: dict[str, str]) -> dict[str, str]:
+        answers = super().apply(answers)
+        return Mistake(self.name, self.cell2, self.old2, self.new2, self.failing, self.hint).apply(answers)
 
 EX1 = ("ex1_visible", "ex1_hidden")
 EX2 = ("ex2_visible", "ex2_hidden")
@@ -37,17 +52,17 @@ MISTAKES = [
             "pe[:, 0::2] = torch.cos(pos * freq)\n    pe[:, 1::2] = torch.sin(pos * freq)",
             EX2, "sin and cos are swapped"),
     Mistake("positions_from_one", "ex2_answer",
-            "pos = torch.arange(seq_len, dtype=dtype)",
-            "pos = torch.arange(1, seq_len + 1, dtype=dtype)",
+            "pos = torch.arange(seq_len, dtype=work)",
+            "pos = torch.arange(1, seq_len + 1, dtype=work)",
             EX2, "positions start at 0"),
     Mistake("exponent_i_instead_of_2i", "ex2_answer",
-            "freq = torch.exp(torch.arange(0, d_model, 2, dtype=dtype) * (-math.log(base) / d_model))",
-            "freq = torch.exp(torch.arange(d_model // 2, dtype=dtype) * (-math.log(base) / d_model))",
+            "freq = torch.exp(torch.arange(0, d_model, 2, dtype=work) * (-math.log(base) / d_model))",
+            "freq = torch.exp(torch.arange(d_model // 2, dtype=work) * (-math.log(base) / d_model))",
             EX2, "is 2i/d_model"),
     Mistake("sines_then_cosines", "ex2_answer",
-            "    pe = torch.zeros(seq_len, d_model, dtype=dtype)\n    pe[:, 0::2] = torch.sin(pos * freq)\n"
-            "    pe[:, 1::2] = torch.cos(pos * freq)\n    return pe",
-            "    return torch.cat((torch.sin(pos * freq), torch.cos(pos * freq)), dim=-1)",
+            "    pe = torch.zeros(seq_len, d_model, dtype=work)\n    pe[:, 0::2] = torch.sin(pos * freq)\n"
+            "    pe[:, 1::2] = torch.cos(pos * freq)\n    return pe.to(dtype)",
+            "    return torch.cat((torch.sin(pos * freq), torch.cos(pos * freq)), dim=-1).to(dtype)",
             EX2, "interleave the columns"),
     # A fallback names the input that broke: here a base other than the default.
     Mistake("sinusoidal_base_ignored", "ex2_answer",
@@ -55,9 +70,13 @@ MISTAKES = [
             EX2, "the answer matches base 10000", e2e=False),
     # The float64 cases (one visible) show it: computed in float32, then converted.
     Mistake("sinusoidal_float32_then_cast", "ex2_answer",
-            "freq = torch.exp(torch.arange(0, d_model, 2, dtype=dtype)",
-            "freq = torch.exp(torch.arange(0, d_model, 2, dtype=torch.float32)",
+            "work = torch.float64", "work = torch.float32",
             EX2, "computed in float32 and then converted", e2e=False),
+    # Everything in the dtype asked for: right in float32 and float64, far off in float16 (a
+    # visible case) and bfloat16; the hint must say to compute in float64 and cast at the end.
+    Mistake("sinusoidal_built_in_float16", "ex2_answer",
+            "work = torch.float64", "work = dtype",
+            EX2, "the table was computed in torch.float16", e2e=False),
     # 3: shifting encodings
     Mistake("shift_turns_wrong_way", "ex3_answer",
             "    new_s = s * cos_b + c * sin_b                                                      # sin(a + b)\n"
@@ -246,6 +265,14 @@ MISTAKES = [
     Mistake("cache_no_mask", "ex10_answer",
             'weights = scores.masked_fill(future, float("-inf")).softmax(dim=-1)', "weights = scores.softmax(dim=-1)",
             EX10, "saw later new tokens"),
+    # ex5 computes its angles in the dtype of x (wrong for bfloat16 only) and ex10 forgets the
+    # scale: ex10's float32 and float64 cases do not depend on that ex5 bug, so the hint must name
+    # ex10's own cause first, then mention exercise 5.
+    TwoMistakes("cache_no_scale_while_rope_fails_bfloat16", "ex10_answer",
+                "scores = q @ k_cache.transpose(-2, -1) / math.sqrt(d_head)", "scores = q @ k_cache.transpose(-2, -1)",
+                EX10, "divide the scores by sqrt(d_head)", e2e=False, cell2="ex5_answer",
+                old2="    work = torch.float64 if x.dtype == torch.float64 else torch.float32",
+                new2="    work = x.dtype"),
     # A wrong exercise 5 answer also breaks exercise 10, which calls it: the hint must say so.
     Mistake("attention_step_after_rope_pairings_mixed", "ex5_answer",
             "angles = torch.cat((angles, angles), dim=-1)", "angles = angles.repeat_interleave(2, dim=-1)",

@@ -14,9 +14,10 @@ os.environ["COURSE_DEVICE"] = "cpu"
 @pytest.fixture(scope="session")
 def book_build():
     """The book, built once, when its tests (which run last) first need it."""
-    from book_build import BookBuild
+    from book_build import BookBuild, BuiltBook
 
-    build = BookBuild()
+    # COURSE_BOOK_HTML: test a book built before (e.g. by `make book`) instead of building one
+    build = BuiltBook(os.environ["COURSE_BOOK_HTML"]) if os.environ.get("COURSE_BOOK_HTML") else BookBuild()
     yield build
     build.close()
 

@@ -1,7 +1,7 @@
 """Time and peak memory of three ways to compute exact softmax attention, against sequence length:
 
 - naive: scores = q k^T / sqrt(d_head), softmax, @ v; it holds the whole (L, L) score matrix;
-- tiled: the keys in blocks of --block-size with an online softmax (chapter 3, exercise 8),
+- tiled: the keys in blocks of --block-size with an online softmax (chapter 3, exercise 9),
   written in plain PyTorch with a Python loop over blocks; it holds one (L, block) tile;
 - sdpa: PyTorch's built-in F.scaled_dot_product_attention (a fused kernel where one exists).
 

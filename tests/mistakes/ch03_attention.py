@@ -2,7 +2,13 @@
 
 from notebook_tools import Mistake
 
-BOTH = {f"ex{k}": (f"ex{k}_visible", f"ex{k}_hidden") for k in range(1, 10)}
+BOTH = {f"ex{k}": (f"ex{k}_visible", f"ex{k}_hidden") for k in range(1, 11)}
+HIDDEN = {f"ex{k}": (f"ex{k}_hidden",) for k in range(1, 11)}
+
+_FILL_AND_ZERO = ("scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)\n"
+                  "    weights = torch.softmax(scores, dim=-1)\n"
+                  "    if mask is not None:\n"
+                  "        weights = weights.masked_fill(~mask, 0.0)")
 
 MISTAKES = [
     # ---------------------------------------------------------------- 1: softmax
@@ -16,7 +22,7 @@ MISTAKES = [
             "e = torch.exp(x - x.max(dim=dim, keepdim=True).values)\n    return e / e.sum(dim=dim, keepdim=True)",
             "return torch.softmax(x, dim=dim)",
             BOTH["ex1"], "asks you to write the softmax yourself"),
-    # ---------------------------------------------------------------- 2: scaled dot-product attention
+    # ---------------------------------------------------------------- 2: attention with a bias and a mask
     Mistake("attention_no_scale", "ex2_answer",
             "scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])", "scores = q @ k.transpose(-2, -1)",
             BOTH["ex2"], "the scores were not scaled"),
@@ -26,31 +32,14 @@ MISTAKES = [
     Mistake("attention_softmax_wrong_axis", "ex2_answer",
             "weights = torch.softmax(scores, dim=-1)", "weights = torch.softmax(scores, dim=-2)",
             BOTH["ex2"], "the softmax ran over the queries"),
-    Mistake("attention_mask_inverted", "ex2_answer",
-            "scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)\n"
-            "    weights = torch.softmax(scores, dim=-1)\n"
-            "    if mask is not None:\n"
-            "        weights = weights.masked_fill(~mask, 0.0)",
-            "scores = scores.masked_fill(mask, torch.finfo(scores.dtype).min)\n"
-            "    weights = torch.softmax(scores, dim=-1)\n"
-            "    if mask is not None:\n"
-            "        weights = weights.masked_fill(mask, 0.0)",
+    Mistake("attention_mask_inverted", "ex2_answer", _FILL_AND_ZERO,
+            _FILL_AND_ZERO.replace("~mask", "mask"),
             BOTH["ex2"], "the mask is inverted"),
-    Mistake("attention_fully_masked_row_nan", "ex2_answer",
-            "scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)\n"
-            "    weights = torch.softmax(scores, dim=-1)\n"
-            "    if mask is not None:\n"
-            "        weights = weights.masked_fill(~mask, 0.0)",
-            "scores = scores.masked_fill(~mask, float(\"-inf\"))\n"
-            "    weights = torch.softmax(scores, dim=-1)",
+    Mistake("attention_fully_masked_row_nan", "ex2_answer", _FILL_AND_ZERO,
+            "scores = scores.masked_fill(~mask, float(\"-inf\"))\n    weights = torch.softmax(scores, dim=-1)",
             BOTH["ex2"], "a fully masked row gives NaN"),
-    Mistake("attention_fill_minus_1e9_no_guard", "ex2_answer",
-            "scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)\n"
-            "    weights = torch.softmax(scores, dim=-1)\n"
-            "    if mask is not None:\n"
-            "        weights = weights.masked_fill(~mask, 0.0)",
-            "scores = scores.masked_fill(~mask, -1e9)\n"
-            "    weights = torch.softmax(scores, dim=-1)",
+    Mistake("attention_fill_minus_1e9_no_guard", "ex2_answer", _FILL_AND_ZERO,
+            "scores = scores.masked_fill(~mask, -1e9)\n    weights = torch.softmax(scores, dim=-1)",
             BOTH["ex2"], "must get all-zero weights and a zero output"),
     Mistake("attention_additive_inf_mask_nan_gradient", "ex2_answer",
             "scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)",
@@ -63,139 +52,6 @@ MISTAKES = [
             "return weights @ v, weights",
             "return F.scaled_dot_product_attention(q, k, v, attn_mask=mask), weights",
             BOTH["ex2"], "asks you to write scaled dot-product attention yourself"),
-    # ---------------------------------------------------------------- 3: masks
-    Mistake("causal_mask_triu", "ex3_answer", ".tril().view(1, 1, seq_len, seq_len)",
-            ".triu().view(1, 1, seq_len, seq_len)",
-            BOTH["ex3"], "tril, not triu"),
-    Mistake("causal_mask_no_diagonal", "ex3_answer", ".tril().view(1, 1, seq_len, seq_len)",
-            ".tril(-1).view(1, 1, seq_len, seq_len)",
-            BOTH["ex3"], "the diagonal is missing"),
-    Mistake("padding_mask_masks_queries", "ex3_answer", "(ids != pad_id)[:, None, None, :]",
-            "(ids != pad_id)[:, None, :, None]",
-            BOTH["ex3"], "this masks queries, not keys"),
-    # ---------------------------------------------------------------- 4: multi-head attention
-    Mistake("mha_split_heads_without_transpose", "ex4_answer",
-            "        q = self.q_proj(x_q).view(B, T_q, self.n_heads, self.d_head).transpose(1, 2)",
-            "        q = self.q_proj(x_q).view(B, self.n_heads, T_q, self.d_head)",
-            BOTH["ex4"], "the heads were split in the wrong order"),
-    Mistake("mha_split_all_heads_without_transpose", "ex4_answer",
-            "        q = self.q_proj(x_q).view(B, T_q, self.n_heads, self.d_head).transpose(1, 2)     # (B, n_heads, T_q, d_head)\n"
-            "        k = self.k_proj(x_kv).view(B, T_kv, self.n_heads, self.d_head).transpose(1, 2)   # (B, n_heads, T_kv, d_head)\n"
-            "        v = self.v_proj(x_kv).view(B, T_kv, self.n_heads, self.d_head).transpose(1, 2)",
-            "        q = self.q_proj(x_q).view(B, self.n_heads, T_q, self.d_head)\n"
-            "        k = self.k_proj(x_kv).view(B, self.n_heads, T_kv, self.d_head)\n"
-            "        v = self.v_proj(x_kv).view(B, self.n_heads, T_kv, self.d_head)",
-            BOTH["ex4"], "the heads were split in the wrong order"),
-    Mistake("mha_merge_without_transpose", "ex4_answer",
-            "out = out.transpose(1, 2).reshape(B, T_q, d_model)", "out = out.reshape(B, T_q, d_model)",
-            BOTH["ex4"], "the heads were merged in the wrong order"),
-    Mistake("mha_scaled_by_d_model", "ex4_answer",
-            "        out, _ = scaled_dot_product_attention(q, k, v, mask)",
-            "        scores = q @ k.transpose(-2, -1) / math.sqrt(d_model)\n"
-            "        if mask is not None:\n"
-            "            scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)\n"
-            "        out = torch.softmax(scores, dim=-1) @ v",
-            BOTH["ex4"], "divided by sqrt(d_model)"),
-    Mistake("mha_cross_attention_keys_from_x_q", "ex4_answer",
-            "        k = self.k_proj(x_kv).view(B, T_kv, self.n_heads, self.d_head).transpose(1, 2)   # (B, n_heads, T_kv, d_head)\n"
-            "        v = self.v_proj(x_kv).view(B, T_kv, self.n_heads, self.d_head).transpose(1, 2)",
-            "        k = self.k_proj(x_q).view(B, T_q, self.n_heads, self.d_head).transpose(1, 2)\n"
-            "        v = self.v_proj(x_q).view(B, T_q, self.n_heads, self.d_head).transpose(1, 2)",
-            BOTH["ex4"], "keys and values must come from x_kv"),
-    Mistake("mha_ignores_mask", "ex4_answer",
-            "out, _ = scaled_dot_product_attention(q, k, v, mask)", "out, _ = scaled_dot_product_attention(q, k, v)",
-            BOTH["ex4"], "the mask was ignored"),
-    # Everything but the attention is right: the hint must name the fully masked row, not the
-    # head split or out_proj (the visible tests hold such a row).
-    Mistake("mha_inline_softmax_masked_row_uniform", "ex4_answer",
-            "        out, _ = scaled_dot_product_attention(q, k, v, mask)",
-            "        scores = q @ k.transpose(-2, -1) / math.sqrt(self.d_head)\n"
-            "        if mask is not None:\n"
-            "            scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)\n"
-            "        out = torch.softmax(scores, dim=-1) @ v",
-            BOTH["ex4"], "must get a zero output from that head"),
-    Mistake("mha_shortcut_sdpa", "ex4_answer",
-            "        out, _ = scaled_dot_product_attention(q, k, v, mask)",
-            "        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)",
-            BOTH["ex4"], "asks you to write MultiHeadAttention yourself"),
-    # ---------------------------------------------------------------- 5: grouped-query attention
-    Mistake("gqa_repeat_instead_of_repeat_interleave", "ex5_answer",
-            "        k = k.repeat_interleave(group, dim=1)                                          # (B, n_heads, T, d_head)\n"
-            "        v = v.repeat_interleave(group, dim=1)",
-            "        k = k.repeat(1, group, 1, 1)\n"
-            "        v = v.repeat(1, group, 1, 1)",
-            BOTH["ex5"], "use repeat_interleave(group, dim=1)"),
-    Mistake("gqa_no_divisibility_check", "ex5_answer",
-            "if d_model % n_heads or n_heads % n_kv_heads:", "if d_model % n_heads:",
-            BOTH["ex5"], "n_heads is not a multiple of n_kv_heads"),
-    # ---------------------------------------------------------------- 6: sliding window
-    Mistake("window_off_by_one", "ex6_answer", "(i - j < window)", "(i - j <= window)",
-            BOTH["ex6"], "off by one"),
-    Mistake("window_not_causal", "ex6_answer",
-            "allowed = (j <= i) & ((i - j < window) | (j < n_global))",
-            "allowed = ((i - j).abs() < window) | (j < n_global)",
-            BOTH["ex6"], "the window looks back only"),
-    Mistake("window_ignores_global_tokens", "ex6_answer",
-            "allowed = (j <= i) & ((i - j < window) | (j < n_global))", "allowed = (j <= i) & (i - j < window)",
-            BOTH["ex6"], "the first n_global keys are global"),
-    # ---------------------------------------------------------------- 7: linear attention
-    Mistake("linear_causal_without_prefix_sums", "ex7_answer",
-            "    S = (k.unsqueeze(-1) * v.unsqueeze(-2)).cumsum(dim=-3)              # (..., T, d_k, d_v): prefix sums\n"
-            "    z = k.cumsum(dim=-2)",
-            "    S = (k.unsqueeze(-1) * v.unsqueeze(-2)).sum(dim=-3, keepdim=True)\n"
-            "    z = k.sum(dim=-2, keepdim=True)",
-            BOTH["ex7"], "keep prefix sums"),
-    Mistake("linear_elu_without_plus_one", "ex7_answer",
-            "q, k = F.elu(q) + 1, F.elu(k) + 1", "q, k = F.elu(q), F.elu(k)",
-            BOTH["ex7"], "not elu(x)"),
-    Mistake("linear_no_normaliser", "ex7_answer",
-            "        return (q @ S) / (q * z).sum(dim=-1, keepdim=True)", "        return q @ S",
-            BOTH["ex7"], "the normaliser is missing"),
-    Mistake("linear_quadratic_matrix", "ex7_answer",
-            "    if not causal:\n",
-            "    a = q @ k.transpose(-2, -1)\n"
-            "    if causal:\n"
-            "        a = a * torch.ones(a.shape[-2:], dtype=torch.bool).tril()\n"
-            "    return a @ v / a.sum(dim=-1, keepdim=True)\n"
-            "    if not causal:\n",
-            BOTH["ex7"], "never forms the (T, T) matrix"),
-    # ---------------------------------------------------------------- 8: tiled attention
-    Mistake("tiled_returns_float32_for_half_inputs", "ex8_answer",
-            "    return acc / l\n", "    return acc.float() / l.float()\n",
-            BOTH["ex8"], "cast the result back with .to(q.dtype)", e2e=False),
-    Mistake("tiled_running_sum_not_rescaled", "ex8_answer",
-            "l = l * correction + p.sum(dim=-1, keepdim=True)", "l = l + p.sum(dim=-1, keepdim=True)",
-            BOTH["ex8"], "online softmax without rescaling the running sum"),
-    Mistake("tiled_accumulator_not_rescaled", "ex8_answer",
-            "acc = acc * correction + p @ v", "acc = acc + p @ v",
-            BOTH["ex8"], "the accumulator was not rescaled"),
-    Mistake("tiled_no_running_max", "ex8_answer",
-            "        p = torch.exp(s - m_new)\n        correction = torch.exp(m - m_new)",
-            "        p = torch.exp(s)\n        correction = torch.ones_like(m)",
-            BOTH["ex8"], "subtract the running maximum"),
-    Mistake("tiled_block_maximum_instead_of_running_maximum", "ex8_answer",
-            "m_new = torch.maximum(m, s.amax(dim=-1, keepdim=True))", "m_new = s.amax(dim=-1, keepdim=True)",
-            BOTH["ex8"], "only the current block's maximum"),
-    Mistake("tiled_full_score_matrix", "ex8_answer",
-            "    scale = 1 / math.sqrt(q.shape[-1])\n",
-            "    scale = 1 / math.sqrt(q.shape[-1])\n"
-            "    s = q @ k.transpose(-2, -1) * scale\n"
-            "    p = torch.exp(s - s.amax(dim=-1, keepdim=True))\n"
-            "    return (p / p.sum(dim=-1, keepdim=True)) @ v\n",
-            BOTH["ex8"], "never to hold all T_q x T_k scores"),
-    Mistake("tiled_shortcut_sdpa", "ex8_answer",
-            "    scale = 1 / math.sqrt(q.shape[-1])\n",
-            "    return F.scaled_dot_product_attention(q, k, v)\n",
-            BOTH["ex8"], "asks you to write tiled attention"),
-    # ---------------------------------------------------------------- 9: KV cache
-    Mistake("kv_cache_keys_only", "ex9_answer", "return 2 * n_layers", "return n_layers",
-            BOTH["ex9"], "keys and values: two tensors per layer"),
-    Mistake("kv_cache_in_bits", "ex9_answer", "torch.empty((), dtype=dtype).element_size()",
-            "torch.finfo(dtype).bits",
-            BOTH["ex9"], "that is bits"),
-    Mistake("kv_cache_fixed_two_bytes", "ex9_answer", "torch.empty((), dtype=dtype).element_size()", "2",
-            BOTH["ex9"], "does not take 2 bytes per number"),
-    # ---------------------------------------------------------------- found by review (issue 14)
     Mistake("attention_fill_minus_1e9_guarded", "ex2_answer",
             "scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)",
             "scores = scores.masked_fill(~mask, -1e9)",
@@ -208,25 +64,302 @@ MISTAKES = [
             "scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)",
             "scores = scores + torch.zeros(mask.shape).masked_fill(~mask, torch.finfo(torch.float32).min)",
             BOTH["ex2"], "keep the input dtype"),
+    Mistake("attention_bias_ignored", "ex2_answer",
+            "        scores = scores + bias\n", "        pass\n",
+            BOTH["ex2"], "the bias was ignored"),
+    Mistake("attention_bias_scaled_with_scores", "ex2_answer",
+            "    scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])          # (..., T_q, T_k)\n"
+            "    if bias is not None:\n"
+            "        scores = scores + bias\n",
+            "    scores = q @ k.transpose(-2, -1)\n"
+            "    if bias is not None:\n"
+            "        scores = scores + bias\n"
+            "    scores = scores / math.sqrt(q.shape[-1])\n",
+            BOTH["ex2"], "the bias was divided by sqrt(d_k)"),
+    Mistake("attention_bias_subtracted", "ex2_answer",
+            "scores = scores + bias", "scores = scores - bias",
+            BOTH["ex2"], "the bias was subtracted"),
+    # ---------------------------------------------------------------- 3: decoder mask
+    Mistake("decoder_mask_top_left", "ex3_answer",
+            "query_pos = torch.arange(k_len - q_len, k_len, device=key_is_real.device)[:, None]",
+            "query_pos = torch.arange(q_len, device=key_is_real.device)[:, None]",
+            BOTH["ex3"], "aligned to the top left"),
+    Mistake("decoder_mask_no_diagonal", "ex3_answer",
+            "causal = key_pos <= query_pos", "causal = key_pos < query_pos",
+            BOTH["ex3"], "the diagonal is missing"),
+    Mistake("decoder_mask_ignores_padding", "ex3_answer",
+            "return causal[None, None] & key_is_real[:, None, None, :]",
+            "return causal[None, None].expand(B, 1, q_len, k_len)",
+            BOTH["ex3"], "the padding was ignored"),
+    Mistake("decoder_mask_masks_padding_queries", "ex3_answer",
+            "return causal[None, None] & key_is_real[:, None, None, :]",
+            "return causal[None, None] & key_is_real[:, None, None, :] & key_is_real[:, None, k_len - q_len:, None]",
+            HIDDEN["ex3"], "padding queries were masked too"),   # left padding cannot tell: only keys before it
+    Mistake("decoder_mask_no_head_axis", "ex3_answer",
+            "return causal[None, None] & key_is_real[:, None, None, :]",
+            "return causal[None] & key_is_real[:, None, :]",
+            BOTH["ex3"], "needs a head axis of size 1"),
+    # ---------------------------------------------------------------- 4: fused multi-head attention
+    Mistake("mha_fused_split_in_chunks", "ex4_answer",
+            "        qkv = self.qkv(x).view(B, T, self.n_heads, 3, self.d_head)          # per head: its q, k, v\n"
+            "        q, k, v = (t.transpose(1, 2) for t in qkv.unbind(3))",
+            "        q, k, v = (t.view(B, T, self.n_heads, self.d_head).transpose(1, 2)\n"
+            "                   for t in self.qkv(x).split(d_model, dim=-1))",
+            BOTH["ex4"], "split as [all queries | all keys | all values]"),
+    Mistake("mha_fused_interleaved", "ex4_answer",
+            "view(B, T, self.n_heads, 3, self.d_head)          # per head: its q, k, v\n"
+            "        q, k, v = (t.transpose(1, 2) for t in qkv.unbind(3))",
+            "view(B, T, self.n_heads, self.d_head, 3)\n"
+            "        q, k, v = (t.transpose(1, 2) for t in qkv.unbind(4))",
+            BOTH["ex4"], "feature by feature"),
+    Mistake("mha_split_heads_without_transpose", "ex4_answer",
+            "q, k, v = (t.transpose(1, 2) for t in qkv.unbind(3))",
+            "q, k, v = (t.reshape(B, self.n_heads, T, self.d_head) for t in qkv.unbind(3))",
+            BOTH["ex4"], "the heads were split in the wrong order"),
+    Mistake("mha_merge_without_transpose", "ex4_answer",
+            "return self.out_proj(out.transpose(1, 2).reshape(B, T, d_model))",
+            "return self.out_proj(out.reshape(B, T, d_model))",
+            BOTH["ex4"], "the heads were merged in the wrong order"),
+    Mistake("mha_scaled_by_d_model", "ex4_answer",
+            "        out, _ = scaled_dot_product_attention(q, k, v, mask)",
+            "        out, _ = scaled_dot_product_attention(q * math.sqrt(self.d_head / d_model), k, v, mask)",
+            BOTH["ex4"], "divided by sqrt(d_model)"),
+    Mistake("mha_ignores_mask", "ex4_answer",
+            "out, _ = scaled_dot_product_attention(q, k, v, mask)", "out, _ = scaled_dot_product_attention(q, k, v)",
+            BOTH["ex4"], "the mask was ignored"),
+    Mistake("mha_no_out_proj", "ex4_answer",
+            "return self.out_proj(out.transpose(1, 2).reshape(B, T, d_model))",
+            "return out.transpose(1, 2).reshape(B, T, d_model)",
+            BOTH["ex4"], "out_proj was not applied"),
+    # Everything but the attention is right: the hint must name the query that sees no key, never
+    # the head split or out_proj (the visible tests hold such a row).
+    Mistake("mha_inline_softmax_masked_row_uniform", "ex4_answer",
+            "        out, _ = scaled_dot_product_attention(q, k, v, mask)",
+            "        scores = q @ k.transpose(-2, -1) / math.sqrt(self.d_head)\n"
+            "        if mask is not None:\n"
+            "            scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)\n"
+            "        out = torch.softmax(scores, dim=-1) @ v",
+            BOTH["ex4"], "The head split, the merge and out_proj are right"),
+    Mistake("mha_shortcut_sdpa", "ex4_answer",
+            "        out, _ = scaled_dot_product_attention(q, k, v, mask)",
+            "        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)",
+            BOTH["ex4"], "asks you to write MultiHeadAttention yourself"),
+    # ---------------------------------------------------------------- 5: grouped-query attention
+    Mistake("gqa_repeat_interleave_copies", "ex5_answer",
+            "    q = q.reshape(B, n_kv, group * T_q, d_head)                          # a group's queries share one key matrix\n"
+            "    if mask is not None:\n"
+            "        mask = mask.expand(B, n_heads, T_q, T_k).reshape(B, n_kv, group * T_q, T_k)\n"
+            "    out, _ = scaled_dot_product_attention(q, k, v, mask)                  # (B, n_kv, group * T_q, d_v)\n",
+            "    k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)\n"
+            "    out, _ = scaled_dot_product_attention(q, k, v, mask)\n",
+            BOTH["ex5"], "expanding the keys and values to n_heads copies them"),
+    Mistake("gqa_broadcasting_matmul_copies", "ex5_answer",
+            "    q = q.reshape(B, n_kv, group * T_q, d_head)                          # a group's queries share one key matrix\n"
+            "    if mask is not None:\n"
+            "        mask = mask.expand(B, n_heads, T_q, T_k).reshape(B, n_kv, group * T_q, T_k)\n"
+            "    out, _ = scaled_dot_product_attention(q, k, v, mask)                  # (B, n_kv, group * T_q, d_v)\n",
+            "    q = q.reshape(B, n_kv, group, T_q, d_head)\n"
+            "    if mask is not None:\n"
+            "        mask = mask.expand(B, n_heads, T_q, T_k).reshape(B, n_kv, group, T_q, T_k)\n"
+            "    out, _ = scaled_dot_product_attention(q, k.unsqueeze(2), v.unsqueeze(2), mask)\n",
+            BOTH["ex5"], "expands it internally"),
+    Mistake("gqa_heads_tiled", "ex5_answer",
+            "    q = q.reshape(B, n_kv, group * T_q, d_head)                          # a group's queries share one key matrix\n"
+            "    if mask is not None:\n"
+            "        mask = mask.expand(B, n_heads, T_q, T_k).reshape(B, n_kv, group * T_q, T_k)\n"
+            "    out, _ = scaled_dot_product_attention(q, k, v, mask)                  # (B, n_kv, group * T_q, d_v)\n"
+            "    return out.reshape(B, n_heads, T_q, v.shape[-1])",
+            "    q = q.view(B, group, n_kv, T_q, d_head).transpose(1, 2).reshape(B, n_kv, group * T_q, d_head)\n"
+            "    if mask is not None:\n"
+            "        mask = (mask.expand(B, n_heads, T_q, T_k).reshape(B, group, n_kv, T_q, T_k).transpose(1, 2)\n"
+            "                .reshape(B, n_kv, group * T_q, T_k))\n"
+            "    out, _ = scaled_dot_product_attention(q, k, v, mask)\n"
+            "    return out.view(B, n_kv, group, T_q, -1).transpose(1, 2).reshape(B, n_heads, T_q, v.shape[-1])",
+            BOTH["ex5"], "grouped as h % n_kv_heads"),
+    Mistake("gqa_mask_grouped_wrong", "ex5_answer",
+            "        mask = mask.expand(B, n_heads, T_q, T_k).reshape(B, n_kv, group * T_q, T_k)",
+            "        mask = (mask.expand(B, n_heads, T_q, T_k).reshape(B, group, n_kv, T_q, T_k).transpose(1, 2)\n"
+            "                .reshape(B, n_kv, group * T_q, T_k))",
+            BOTH["ex5"], "the per-head mask is not"),
+    Mistake("gqa_ignores_mask", "ex5_answer",
+            "out, _ = scaled_dot_product_attention(q, k, v, mask)                  # (B, n_kv, group * T_q, d_v)",
+            "out, _ = scaled_dot_product_attention(q, k, v)",
+            BOTH["ex5"], "the mask was ignored"),
+    # ---------------------------------------------------------------- 6: entropy, predicted and measured
+    Mistake("entropy_prediction_ignores_causal_mask", "ex6_answer",
+            "return math.log(512)", "return math.log(1024)",
+            BOTH["ex6"], "the causal mask leaves 512 keys"),
+    Mistake("entropy_prediction_in_bits", "ex6_answer",
+            "return math.log(512)", "return math.log2(512)",
+            BOTH["ex6"], "ln, not log2"),
+    Mistake("entropy_zero_times_log_zero", "ex6_answer",
+            "    terms = torch.where(p > 0, -p * log_p, torch.zeros_like(p))           # 0 * log 0 counts as 0\n"
+            "    return terms.sum(dim=-1).nan_to_num(0.0)",
+            "    return (-p * log_p).sum(dim=-1)",
+            BOTH["ex6"], "0 * log(0) = 0 * -inf = NaN"),
+    Mistake("entropy_finite_fill_uniform_empty_row", "ex6_answer",
+            "s = s.masked_fill(~mask, float(\"-inf\"))", "s = s.masked_fill(~mask, -1e9)",
+            BOTH["ex6"], "a row with no allowed key has entropy 0"),
+    Mistake("entropy_normalised_by_uniform", "ex6_answer",
+            "return terms.sum(dim=-1).nan_to_num(0.0)",
+            "return terms.sum(dim=-1).nan_to_num(0.0) / math.log(scores.shape[-1])",
+            BOTH["ex6"], "divided by its largest value ln(n)"),
+    Mistake("entropy_in_bits", "ex6_answer",
+            "return terms.sum(dim=-1).nan_to_num(0.0)", "return terms.sum(dim=-1).nan_to_num(0.0) / math.log(2)",
+            BOTH["ex6"], "that is in bits"),
+    Mistake("entropy_temperature_multiplied", "ex6_answer",
+            "s = scores / temperature", "s = scores * temperature",
+            BOTH["ex6"], "it was multiplied"),
+    # ---------------------------------------------------------------- 7: sliding-window attention
+    Mistake("window_padding_not_masked", "ex7_answer",
+            "out, _ = scaled_dot_product_attention(q.unsqueeze(-2), k_win, v_win, mask)",
+            "out, _ = scaled_dot_product_attention(q.unsqueeze(-2), k_win, v_win)",
+            BOTH["ex7"], "the padding positions you added before the sequence must be masked"),
+    Mistake("window_one_key_too_many", "ex7_answer",
+            "    pad = (0, 0, window - 1, 0)                                           # window - 1 positions before the sequence\n"
+            "    k_win = F.pad(k, pad).unfold(-2, window, 1).transpose(-2, -1)         # (..., T, window, d_k), a view\n"
+            "    v_win = F.pad(v, pad).unfold(-2, window, 1).transpose(-2, -1)         # (..., T, window, d_v)\n"
+            "    key_pos = (torch.arange(T, device=q.device)[:, None] - window + 1\n"
+            "               + torch.arange(window, device=q.device)[None, :])",
+            "    window = window + 1\n"
+            "    pad = (0, 0, window - 1, 0)\n"
+            "    k_win = F.pad(k, pad).unfold(-2, window, 1).transpose(-2, -1)\n"
+            "    v_win = F.pad(v, pad).unfold(-2, window, 1).transpose(-2, -1)\n"
+            "    key_pos = (torch.arange(T, device=q.device)[:, None] - window + 1\n"
+            "               + torch.arange(window, device=q.device)[None, :])",
+            BOTH["ex7"], "not window + 1"),
+    Mistake("window_full_matrix", "ex7_answer",
+            "    T = q.shape[-2]\n",
+            "    T = q.shape[-2]\n"
+            "    i, j = torch.arange(T)[:, None], torch.arange(T)[None, :]\n"
+            "    return scaled_dot_product_attention(q, k, v, (j <= i) & (i - j < window))[0]\n",
+            BOTH["ex7"], "needs only (T, window)"),
+    Mistake("window_no_scale", "ex7_answer",
+            "out, _ = scaled_dot_product_attention(q.unsqueeze(-2), k_win, v_win, mask)",
+            "out, _ = scaled_dot_product_attention(q.unsqueeze(-2) * math.sqrt(q.shape[-1]), k_win, v_win, mask)",
+            BOTH["ex7"], "the scores were not scaled"),
+    # ---------------------------------------------------------------- 8: chunked linear attention
+    Mistake("chunked_no_mask_inside_chunk", "ex8_answer",
+            "a = (qc @ kc.transpose(-2, -1)).tril()", "a = qc @ kc.transpose(-2, -1)",
+            BOTH["ex8"], "inside a chunk every query saw the whole chunk"),
+    Mistake("chunked_state_updated_first", "ex8_answer",
+            "        a = (qc @ kc.transpose(-2, -1)).tril()                            # (..., C, C), causal inside the chunk\n"
+            "        num = qc @ S + a @ vc                                             # (..., C, d_v)\n"
+            "        den = (qc * z).sum(dim=-1, keepdim=True) + a.sum(dim=-1, keepdim=True)\n"
+            "        outs.append(num / den)\n"
+            "        S = S + kc.transpose(-2, -1) @ vc                                 # only now: the chunk joins the state\n"
+            "        z = z + kc.sum(dim=-2, keepdim=True)\n",
+            "        S = S + kc.transpose(-2, -1) @ vc\n"
+            "        z = z + kc.sum(dim=-2, keepdim=True)\n"
+            "        outs.append((qc @ S) / (qc * z).sum(dim=-1, keepdim=True))\n",
+            BOTH["ex8"], "updated only after the chunk's outputs"),
+    Mistake("chunked_diagonal_missing", "ex8_answer",
+            "a = (qc @ kc.transpose(-2, -1)).tril()", "a = (qc @ kc.transpose(-2, -1)).tril(-1)",
+            BOTH["ex8"], "the diagonal is missing inside the chunks"),
+    Mistake("chunked_no_normaliser", "ex8_answer",
+            "outs.append(num / den)", "outs.append(num)",
+            BOTH["ex8"], "the normaliser is missing"),
+    Mistake("chunked_elu_without_plus_one", "ex8_answer",
+            "q, k = F.elu(q) + 1, F.elu(k) + 1", "q, k = F.elu(q), F.elu(k)",
+            BOTH["ex8"], "not elu(x)"),
+    Mistake("chunked_prefix_sums_of_every_position", "ex8_answer",
+            "    q, k = F.elu(q) + 1, F.elu(k) + 1                                     # phi(q), phi(k)\n",
+            "    q, k = F.elu(q) + 1, F.elu(k) + 1\n"
+            "    S = (k.unsqueeze(-1) * v.unsqueeze(-2)).cumsum(dim=-3)\n"
+            "    return (q.unsqueeze(-2) @ S).squeeze(-2) / (q * k.cumsum(dim=-2)).sum(dim=-1, keepdim=True)\n",
+            BOTH["ex8"], "not one per position"),
+    # ---------------------------------------------------------------- 9: tiled attention
+    Mistake("flash_causal_top_left", "ex9_answer",
+            "offset = T_k - T_q ", "offset = 0 ",
+            BOTH["ex9"], "aligned to the top left"),
+    Mistake("flash_causal_diagonal_masked", "ex9_answer",
+            "s = s.masked_fill(k_pos > q_pos, float(\"-inf\"))", "s = s.masked_fill(k_pos >= q_pos, float(\"-inf\"))",
+            BOTH["ex9"], "the diagonal is masked"),
+    Mistake("flash_skips_tiles_too_early", "ex9_answer",
+            "if causal and ks > offset + qs + n - 1:", "if causal and ks > offset + qs:",
+            BOTH["ex9"], "tiles were skipped too early"),
+    Mistake("flash_running_sum_not_rescaled", "ex9_answer",
+            "l = l * correction + p.sum(dim=-1, keepdim=True)", "l = l + p.sum(dim=-1, keepdim=True)",
+            BOTH["ex9"], "the running sum l was not rescaled"),
+    Mistake("flash_accumulator_not_rescaled", "ex9_answer",
+            "acc = acc * correction + p @ v", "acc = acc + p @ v",
+            BOTH["ex9"], "the accumulator was not rescaled"),
+    Mistake("flash_lse_without_max", "ex9_answer",
+            "lses.append((m + l.log()).squeeze(-1))", "lses.append(l.log().squeeze(-1))",
+            BOTH["ex9"], "log(l) alone is relative to the running maximum"),
+    Mistake("flash_queries_not_tiled", "ex9_answer",
+            "for qs in range(0, T_q, q_block):\n        qb = q[..., qs:qs + q_block, :]",
+            "for qs in range(0, T_q, T_q):\n        qb = q[..., qs:qs + T_q, :]",
+            BOTH["ex9"], "the queries were not tiled"),
+    Mistake("flash_returns_float32", "ex9_answer",
+            "return torch.cat(outs, dim=-2), torch.cat(lses, dim=-1)",
+            "return torch.cat(outs, dim=-2).float(), torch.cat(lses, dim=-1).float()",
+            BOTH["ex9"], "return the dtype of the inputs", e2e=False),
+    Mistake("flash_shortcut_sdpa", "ex9_answer",
+            "    scale = 1 / math.sqrt(q.shape[-1])\n",
+            "    return F.scaled_dot_product_attention(q, k, v, is_causal=causal), None\n",
+            BOTH["ex9"], "asks you to write tiled attention"),
+    # ---------------------------------------------------------------- 10: the decoder step
+    Mistake("step_rope_without_offset", "ex10_answer",
+            "positions = torch.arange(T_past, T_past + T_new, device=ids.device)",
+            "positions = torch.arange(T_new, device=ids.device)",
+            BOTH["ex10"], "rotate new token t by its absolute position"),
+    Mistake("step_rope_interleaved_pairs", "ex10_answer",
+            "    x1, x2 = x.chunk(2, dim=-1)\n"
+            "    return (x * angle.cos() + torch.cat((-x2, x1), dim=-1) * angle.sin()).to(x.dtype)",
+            "    angle = angle[..., : d // 2].repeat_interleave(2, dim=-1)\n"
+            "    x1, x2 = x[..., 0::2], x[..., 1::2]\n"
+            "    return (x * angle.cos() + torch.stack((-x2, x1), dim=-1).flatten(-2) * angle.sin()).to(x.dtype)",
+            BOTH["ex10"], "interleaved pairs"),
+    Mistake("step_cache_rotated_again", "ex10_answer",
+            "k_cache, v_cache = torch.cat((k_cache, k), dim=-2), torch.cat((v_cache, v), dim=-2)",
+            "k_cache = rope(k_cache, torch.arange(T_past, device=ids.device), base)\n"
+            "    k_cache, v_cache = torch.cat((k_cache, k), dim=-2), torch.cat((v_cache, v), dim=-2)",
+            BOTH["ex10"], "the cached keys were rotated again"),
+    Mistake("step_values_rotated", "ex10_answer",
+            "q, k = rope(q, positions, base), rope(k, positions, base)",
+            "q, k, v = rope(q, positions, base), rope(k, positions, base), rope(v, positions, base)",
+            BOTH["ex10"], "the values were rotated"),
+    Mistake("step_mask_top_left", "ex10_answer",
+            "    mask = decoder_mask(torch.ones(B, T_past + T_new, dtype=torch.bool, device=ids.device), T_new)",
+            "    mask = torch.ones(T_new, T_past + T_new, dtype=torch.bool, device=ids.device).tril()",
+            BOTH["ex10"], "aligned to the top left"),
+    Mistake("step_w_o_not_transposed", "ex10_answer",
+            "reshape(B, T_new, n_heads * d_head) @ w_o.T", "reshape(B, T_new, n_heads * d_head) @ w_o",
+            BOTH["ex10"], "apply it as out @ w_o.T"),
+    # ---------------------------------------------------------------- blame the earlier exercise
     # A wrong exercise 2 answer also breaks the layers that call it: their hints must say so.
-    Mistake("mha_after_attention_no_scale", "ex2_answer",
+    Mistake("layers_after_attention_no_scale", "ex2_answer",
             "scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])", "scores = q @ k.transpose(-2, -1)",
-            BOTH["ex4"] + BOTH["ex5"], "may call your scaled_dot_product_attention, which fails exercise 2's tests",
-            e2e=False),
+            BOTH["ex4"] + BOTH["ex5"] + BOTH["ex7"],
+            "may call your scaled_dot_product_attention, which fails exercise 2's tests", e2e=False),
+    Mistake("step_after_decoder_mask_top_left", "ex3_answer",
+            "query_pos = torch.arange(k_len - q_len, k_len, device=key_is_real.device)[:, None]",
+            "query_pos = torch.arange(q_len, device=key_is_real.device)[:, None]",
+            BOTH["ex10"], "may call your decoder_mask, which fails exercise 3's tests", e2e=False),
+    Mistake("step_after_gqa_heads_tiled", "ex5_answer",
+            "    q = q.reshape(B, n_kv, group * T_q, d_head)                          # a group's queries share one key matrix\n"
+            "    if mask is not None:\n"
+            "        mask = mask.expand(B, n_heads, T_q, T_k).reshape(B, n_kv, group * T_q, T_k)\n"
+            "    out, _ = scaled_dot_product_attention(q, k, v, mask)                  # (B, n_kv, group * T_q, d_v)\n"
+            "    return out.reshape(B, n_heads, T_q, v.shape[-1])",
+            "    q = q.view(B, group, n_kv, T_q, d_head).transpose(1, 2).reshape(B, n_kv, group * T_q, d_head)\n"
+            "    if mask is not None:\n"
+            "        mask = (mask.expand(B, n_heads, T_q, T_k).reshape(B, group, n_kv, T_q, T_k).transpose(1, 2)\n"
+            "                .reshape(B, n_kv, group * T_q, T_k))\n"
+            "    out, _ = scaled_dot_product_attention(q, k, v, mask)\n"
+            "    return out.view(B, n_kv, group, T_q, -1).transpose(1, 2).reshape(B, n_heads, T_q, v.shape[-1])",
+            BOTH["ex10"], "may call your grouped_query_attention, which fails exercise 5's tests", e2e=False),
 ]
 
 
 # Graded end to end as well (the mistakes the issue names); all are checked in-process.
 E2E = {
-    "attention_no_scale",
-    "attention_scaled_by_d_k",
-    "mha_scaled_by_d_model",
-    "attention_softmax_wrong_axis",
-    "attention_mask_inverted",
-    "attention_fully_masked_row_nan",
-    "mha_split_heads_without_transpose",
-    "gqa_repeat_instead_of_repeat_interleave",
-    "tiled_running_sum_not_rescaled",
+    "attention_fill_minus_1e9_guarded",
+    "mha_inline_softmax_masked_row_uniform",
+    "decoder_mask_top_left",
+    "gqa_repeat_interleave_copies",
+    "flash_running_sum_not_rescaled",
+    "step_rope_without_offset",
     "attention_shortcut",
-    "tiled_shortcut_sdpa",
 }

@@ -1,4 +1,4 @@
-"""Command line: ``python -m autograder {generate,grade,check}``."""
+"""Command line: ``python -m autograder {generate,grade,check,doctor}``."""
 
 from __future__ import annotations
 
@@ -14,7 +14,8 @@ from .settings import (DEFAULT_TIMEOUT, DEVICE_ENV, MEMORY_ENV, PROFILE_ENV, PRO
 def _settings(args) -> GradingSettings:
     return GradingSettings.from_env(device=args.device, cell_timeout=args.timeout, profile=args.profile,
                                     unsandboxed=getattr(args, "unsandboxed", False),
-                                    memory_gb=getattr(args, "memory", None), seed=getattr(args, "seed", None))
+                                    memory_gb=getattr(args, "memory", None), seed=getattr(args, "seed", None),
+                                    dry_run=getattr(args, "dry_run", False))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -50,6 +51,17 @@ def main(argv: list[str] | None = None) -> int:
     grade.add_argument("--seed", type=int,
                        help="seed of the hidden tests' inputs (default: drawn once per --out and kept in "
                             "OUT/nbgrader/grading-seed); the same seed reproduces a grade")
+
+    grade.add_argument("--dry-run", action="store_true",
+                       help="a dry run of --profile: the capstone's models of that profile (sizes, dropout, "
+                            "bf16, beam size) trained a few steps and scored on a few held-out items, to show "
+                            "that the profile runs end to end (scores are not grades; every row says so)")
+
+    doctor = sub.add_parser("doctor", help="check that a sandboxed kernel can run here (and sees the GPU with "
+                                           "--device cuda)")
+    doctor.add_argument("--device", default="cuda", help="cpu or cuda (default: cuda)")
+    doctor.add_argument("--memory", type=float, metavar="GIB",
+                        help=f"the kernel's memory limit to check under (default: ${MEMORY_ENV} or 4)")
 
     check = sub.add_parser("check", help="self-check one notebook against its visible tests")
     check.add_argument("notebook", type=Path)
@@ -88,6 +100,10 @@ def main(argv: list[str] | None = None) -> int:
             print(f"graded {len(rows)} submission(s), {total:g} points in all; "
                   f"wrote {args.out / 'grades.csv'} and {args.out / 'feedback'}/")
             return 0
+        if args.command == "doctor":
+            from .doctor import run_doctor
+
+            return run_doctor(GradingSettings.from_env(device=args.device, memory_gb=args.memory))
         if args.command == "check":
             from .selfcheck import format_report, run_visible_tests
 

@@ -422,6 +422,9 @@ class Grader:
         row = GradeRow(student, assignment, 0.0, self.max_score(assignment))
         if getattr(self.settings, "unsandboxed", False):
             row.notes.append("graded without the sandbox (--unsandboxed)")
+        if getattr(self.settings, "dry_run", False):
+            row.notes.append(f"dry run (--dry-run) of the {self.settings.profile} profile: its models, trained "
+                             f"a few steps and scored on a few held-out items; not a grade")
         submitted = self.course_root / "submitted" / sid / assignment
         if submitted.exists():
             shutil.rmtree(submitted)

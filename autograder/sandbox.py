@@ -9,7 +9,8 @@ What the kernel sees (everything else of the machine is absent):
 - an empty HOME (so no IPython start-up files from an earlier student), an empty /tmp and
   an empty working folder, all made for this submission alone and deleted afterwards;
 - the folder of its kernel's sockets (Unix sockets: the network namespace is empty);
-- GPU device nodes only when grading on a GPU.
+- GPU device nodes only when grading on a GPU (:func:`gpu_binds`), with ``/sys`` read-only,
+  which the CUDA driver reads when it starts.
 
 Namespaces: its own user, PID (it cannot see or signal the grader), network (none), IPC,
 UTS and cgroup namespaces; ``--die-with-parent`` and ``--new-session``. Limits, set with
@@ -22,7 +23,6 @@ executor, time by the per-cell limits.
 
 from __future__ import annotations
 
-import glob
 import os
 import shutil
 import sys
@@ -129,8 +129,34 @@ def _system_dirs() -> list[str]:
     return [d for d in ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/etc") if os.path.exists(d)]
 
 
-def gpu_devices() -> list[str]:
-    return sorted(glob.glob("/dev/nvidia*")) + sorted(glob.glob("/dev/dri/*"))
+#: The NVIDIA driver's device nodes a CUDA process opens, besides one ``nvidiaN`` per GPU:
+#: the control node, unified memory (and its tools node, which profilers and driver 570+
+#: open), the mode-setting node, and ``nvidia-caps/`` (MIG instances' capabilities).
+NVIDIA_NODES = ("nvidiactl", "nvidia-uvm", "nvidia-uvm-tools", "nvidia-modeset", "nvidia-caps")
+
+
+def gpu_devices(dev: Path | str = "/dev") -> list[str]:
+    """The GPU device nodes present under ``dev``: ``nvidia0``, ``nvidia1``, ... (one per GPU),
+    the :data:`NVIDIA_NODES` that exist, and ``dri/`` (render nodes) when present. Paths
+    under ``dev``; nodes that are absent are left out."""
+    dev = Path(dev)
+    gpus = sorted((p for p in dev.glob("nvidia*") if p.name[len("nvidia"):].isdigit()),
+                  key=lambda p: int(p.name[len("nvidia"):]))
+    others = [dev / name for name in (*NVIDIA_NODES, "dri") if (dev / name).exists()]
+    return [str(p) for p in [*gpus, *others]]
+
+
+def gpu_binds(dev: Path | str = "/dev", sys_dir: Path | str = "/sys") -> list[str]:
+    """bubblewrap arguments that give a sandbox the GPU: each device node of
+    :func:`gpu_devices` with ``--dev-bind`` (a plain bind on the sandbox's ``/dev`` is not
+    usable as a device), at its place under ``/dev``, and ``sys_dir`` read-only at ``/sys``
+    (without it the driver's ``cuInit`` fails with CUDA_ERROR_OPERATING_SYSTEM)."""
+    args: list[str] = []
+    for node in gpu_devices(dev):
+        args += ["--dev-bind", node, "/dev/" + str(Path(node).relative_to(dev))]
+    if args and Path(sys_dir).is_dir():
+        args += ["--ro-bind", str(sys_dir), "/sys"]
+    return args
 
 
 @dataclass
@@ -197,8 +223,7 @@ class Sandbox:
                 "--bind", str(self.socket_dir), str(self.socket_dir),
                 "--chdir", SANDBOX_WORK]
         if self.gpu:
-            for dev in gpu_devices():
-                cmd += ["--dev-bind", dev, dev]
+            cmd += gpu_binds()
         for key, value in self.environment().items():
             cmd += ["--setenv", key, value]
         # Its own process group: ipykernel interrupts a running cell by signalling its group
@@ -214,6 +239,8 @@ class Sandbox:
                "PYDEVD_DISABLE_FILE_VALIDATION": "1"}
         if self.gpu:
             env["CUDA_CACHE_PATH"] = "/tmp/cuda-cache"
+            if os.environ.get("LD_LIBRARY_PATH"):   # where some images keep the driver's libcuda
+                env["LD_LIBRARY_PATH"] = os.environ["LD_LIBRARY_PATH"]
         env.update(self.env)
         return env
 

@@ -11,6 +11,7 @@ DEVICE_ENV = "COURSE_DEVICE"          # read by course.device inside the kernel
 TIMEOUT_ENV = "COURSE_CELL_TIMEOUT"   # seconds per cell
 PROFILE_ENV = "COURSE_PROFILE"        # capstone budgets: smoke, cpu or gpu
 MEMORY_ENV = "COURSE_MEMORY_GB"       # memory limit of a sandboxed kernel
+DRY_RUN_ENV = "COURSE_DRY_RUN"        # "1": a dry run of the profile (grade --dry-run only)
 PROFILES = ("smoke", "cpu", "gpu")
 DEFAULT_TIMEOUT = 300
 COURSE_ID = "transformers-by-building"
@@ -41,12 +42,15 @@ class GradingSettings:
     unsandboxed: bool = False        # grade without a sandbox (asked for explicitly; noted in every row)
     memory_gb: float = 4.0           # memory limit of one submission's kernel
     seed: int | None = None          # hidden-test inputs; None: drawn when grading starts
+    dry_run: bool = False            # grade --dry-run: the profile's models, a few steps and items
 
     @classmethod
     def from_env(cls, device: str | None = None, cell_timeout: int | None = None,
                  profile: str | None = None, unsandboxed: bool = False, memory_gb: float | None = None,
-                 seed: int | None = None) -> "GradingSettings":
-        """CLI values win; then the environment; then the defaults (CPU, 300 s, cpu profile)."""
+                 seed: int | None = None, dry_run: bool = False) -> "GradingSettings":
+        """CLI values win; then the environment; then the defaults (CPU, 300 s, cpu profile).
+        A dry run comes from the command line only (``grade --dry-run``): a ``COURSE_DRY_RUN``
+        left in the shell is overwritten, never read."""
         profile = (profile or os.environ.get(PROFILE_ENV) or "cpu").strip().lower()
         if profile not in PROFILES:
             raise ValueError(f"profile must be one of {', '.join(PROFILES)}, not {profile!r}")
@@ -65,11 +69,15 @@ class GradingSettings:
         if memory_gb <= 0:
             raise ValueError(f"the memory limit must be positive, not {memory_gb} GiB")
         return cls(device=device, cell_timeout=cell_timeout, profile=profile, unsandboxed=unsandboxed,
-                   memory_gb=memory_gb, seed=seed)
+                   memory_gb=memory_gb, seed=seed, dry_run=bool(dry_run))
 
     def kernel_environment(self) -> dict[str, str]:
-        """What a sandboxed kernel's environment holds of the settings."""
-        return {DEVICE_ENV: self.device, TIMEOUT_ENV: str(self.cell_timeout), PROFILE_ENV: self.profile}
+        """What a sandboxed kernel's environment holds of the settings (and, on a GPU, what
+        CUDA must read before it starts: :func:`course.device.cuda_environment`)."""
+        from course.device import cuda_environment
+
+        return {DEVICE_ENV: self.device, TIMEOUT_ENV: str(self.cell_timeout), PROFILE_ENV: self.profile,
+                DRY_RUN_ENV: "1" if self.dry_run else "0", **cuda_environment(self.device)}
 
     def apply_to_environment(self) -> None:
         """Kernels inherit this process's environment: put the settings there.
@@ -77,9 +85,14 @@ class GradingSettings:
         The ``python3`` kernelspec runs ``python`` from PATH, so this environment's
         ``bin`` goes first (nbgrader's alembic call needs it too).
         """
+        from course.device import cuda_environment
+
         os.environ[DEVICE_ENV] = self.device
         os.environ[TIMEOUT_ENV] = str(self.cell_timeout)
         os.environ[PROFILE_ENV] = self.profile
+        os.environ[DRY_RUN_ENV] = "1" if self.dry_run else "0"
+        for key, value in cuda_environment(self.device).items():
+            os.environ.setdefault(key, value)
         bindir = str(Path(sys.executable).parent)
         if os.environ.get("PATH", "").split(os.pathsep)[0] != bindir:
             os.environ["PATH"] = bindir + os.pathsep + os.environ.get("PATH", "")

@@ -3,6 +3,10 @@
 The environment variable ``COURSE_DEVICE`` wins (``cpu``, ``cuda``, ``cuda:1`` or
 ``auto``); otherwise CUDA is used when available. The autograder sets the variable so that
 a grading run on a GPU runner and one on a laptop differ only in this setting.
+
+On CUDA, :func:`get_device` also makes PyTorch deterministic (:func:`determinism_for` says
+what, :func:`make_deterministic` does it), so that the same submission gets the same score
+on the same GPU; on the CPU nothing is changed.
 """
 
 from __future__ import annotations
@@ -12,10 +16,56 @@ import os
 import torch
 
 ENV_VAR = "COURSE_DEVICE"
+# cuBLAS gives bitwise repeatable matrix products only with a fixed workspace configuration
+# (PyTorch's notes on reproducibility); it is read when cuBLAS starts, so the grader puts it
+# into the kernel's environment.
+CUBLAS_WORKSPACE = ("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+
+
+def cuda_environment(device: str) -> dict[str, str]:
+    """Environment variables a process that may use CUDA (``cuda``, ``cuda:N``, ``auto``)
+    needs before CUDA starts, for deterministic results; none for ``cpu``. Harmless on a
+    machine without a GPU."""
+    wanted = str(device).strip().lower()
+    return dict([CUBLAS_WORKSPACE]) if wanted.startswith("cuda") or wanted == "auto" else {}
+
+
+def determinism_for(device: torch.device | str) -> dict[str, object]:
+    """What grading sets on ``device`` so that the same code on the same GPU gives the same
+    numbers: ``{}`` on the CPU (PyTorch's CPU kernels used by the course are already
+    repeatable run to run with the same threads), else the cuBLAS workspace, deterministic
+    algorithms (``warn_only``: an operation without a deterministic version warns on stderr,
+    which costs no points, instead of failing the student's cell), cuDNN's deterministic
+    mode and no cuDNN autotuning (the benchmark picks algorithms by timing)."""
+    if torch.device(device).type != "cuda":
+        return {}
+    return {"env": dict([CUBLAS_WORKSPACE]), "use_deterministic_algorithms": True, "warn_only": True,
+            "cudnn.deterministic": True, "cudnn.benchmark": False}
+
+
+def make_deterministic(device: torch.device | str) -> dict[str, object]:
+    """Apply :func:`determinism_for` ``device`` to this process; returns what was applied."""
+    settings = determinism_for(device)
+    if not settings:
+        return settings
+    for key, value in settings["env"].items():
+        os.environ.setdefault(key, value)
+    torch.use_deterministic_algorithms(settings["use_deterministic_algorithms"], warn_only=settings["warn_only"])
+    torch.backends.cudnn.deterministic = settings["cudnn.deterministic"]
+    torch.backends.cudnn.benchmark = settings["cudnn.benchmark"]
+    return settings
 
 
 def get_device() -> torch.device:
-    """Return the device named by ``COURSE_DEVICE``, or the best available one."""
+    """Return the device named by ``COURSE_DEVICE``, or the best available one; on CUDA,
+    PyTorch is made deterministic first (:func:`make_deterministic`)."""
+    device = _named_device()
+    if device.type == "cuda":
+        make_deterministic(device)
+    return device
+
+
+def _named_device() -> torch.device:
     wanted = os.environ.get(ENV_VAR, "auto").strip().lower() or "auto"
     if wanted == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")

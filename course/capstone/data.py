@@ -179,3 +179,14 @@ def classifier_tensors(split: str, passage_chars: int, max_words: int) -> tuple[
     texts, labels = passages(split, passage_chars)
     tok = word_tokenizer(passage_chars)
     return torch.tensor([tok.encode(t, max_words) for t in texts], dtype=torch.long), labels
+
+
+def classifier_eval_tensors(passage_chars: int, max_words: int,
+                            n: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The held-out passages the classifier is scored on: every test passage, or ``n`` of
+    them spread evenly over the test plays (a dry run's few items)."""
+    ids, labels = classifier_tensors("test", passage_chars, max_words)
+    if n is None or n >= len(ids):
+        return ids, labels
+    pick = torch.linspace(0, len(ids) - 1, n).long()
+    return ids[pick], labels[pick]

@@ -4,7 +4,8 @@
 
 The checkpoint carries the student's answer code and weights (see ``weights``); this
 process rebuilds the model from them and runs the course's metrics on the held-out data of
-the profile the model was trained in. It prints one line per checkpoint.
+the profile the model was trained in (a dry run's few items for a dry run's checkpoint).
+It prints one line per checkpoint.
 """
 
 from __future__ import annotations
@@ -17,13 +18,13 @@ from pathlib import Path
 import torch
 
 from . import data, metrics
-from .profiles import PROFILES
+from .profiles import checkpoint_profile
 from .weights import load_checkpoint, load_namespace, rebuild
 
 
 def evaluate(path: Path) -> dict[str, float]:
     ckpt = load_checkpoint(path)
-    profile = PROFILES[ckpt["profile"]]
+    profile = checkpoint_profile(ckpt["profile"], bool(ckpt.get("dry_run", False)))
     device = torch.device("cpu")
     task = ckpt["task"]
     if task == "lm":
@@ -48,7 +49,8 @@ def evaluate(path: Path) -> dict[str, float]:
     if task == "cls":
         model = rebuild(ckpt, {"vocab_size": data.word_tokenizer(profile.cls.passage_chars).vocab_size,
                                "n_classes": len(data.GENRES)})
-        ids, labels = data.classifier_tensors("test", profile.cls.passage_chars, profile.cls.max_words)
+        ids, labels = data.classifier_eval_tensors(profile.cls.passage_chars, profile.cls.max_words,
+                                                   profile.cls.eval_passages)
         with torch.no_grad():
             predicted = torch.cat([model(ids[i:i + 256]).argmax(-1) for i in range(0, len(ids), 256)])
         return {"accuracy": metrics.accuracy(predicted, labels)}

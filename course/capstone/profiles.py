@@ -10,14 +10,21 @@ marks, which its larger budget must at least reach.
 
 Every task trains with chapter 5's schedule: linear warm-up to ``lr``, then cosine decay to
 the explicit floor ``min_lr`` (a tenth of ``lr`` in every profile) at the last step.
+
+**Dry run.** ``COURSE_DRY_RUN=1`` (set by the grader from ``grade --dry-run``, never by a
+notebook: the grading process sets it for itself and for the kernel it starts) turns the
+profile into :func:`dry_run` of it: the same models (sizes, dropout, bf16 autocast, beam
+size, code paths) with a handful of training steps, tiny batches and a few evaluation
+items. It shows that a profile runs end to end, not that it reaches its marks.
 """
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 ENV_VAR = "COURSE_PROFILE"
+DRY_RUN_ENV = "COURSE_DRY_RUN"        # "1": a dry run of the profile (see dry_run)
 
 
 @dataclass(frozen=True)
@@ -33,6 +40,7 @@ class LMConfig:
     min_lr: float = 0.0                # the cosine's floor (chapter 5's lr_at); each profile sets it
     dropout: float = 0.0
     eval_tokens: int = 20_000          # characters of held-out text the test cell scores
+    sample_chars: int = 200            # characters the test cell generates after its prompt
 
 
 @dataclass(frozen=True)
@@ -64,6 +72,7 @@ class ClassifierConfig:
     warmup_steps: int
     min_lr: float = 0.0                # the cosine's floor (chapter 5's lr_at); each profile sets it
     dropout: float = 0.0
+    eval_passages: int | None = None   # held-out passages the test cell scores; None: all of them
 
 
 @dataclass(frozen=True)
@@ -83,6 +92,7 @@ class Profile:
     thresholds: Thresholds
     use_bf16: bool = False             # autocast on CUDA
     cell_timeout: dict = field(default_factory=dict)
+    dry_run: bool = False              # a dry run of the profile named ``name`` (see dry_run)
 
 
 PROFILES: dict[str, Profile] = {
@@ -123,9 +133,46 @@ PROFILES: dict[str, Profile] = {
 }
 
 
+#: What a dry run keeps of each task: steps (warm-up 1), batch size and evaluation items.
+DRY_RUN_STEPS = 2
+DRY_RUN_BATCH = {"lm": 2, "g2p": 4, "cls": 4}
+DRY_RUN_ITEMS = {"lm_windows": 2, "sample_chars": 8, "eval_words": 8, "beam_words": 2, "eval_passages": 8}
+
+
+def dry_run(profile: Profile) -> Profile:
+    """``profile`` with the same models (sizes, dropout, bf16, beam size) and code paths, but
+    ``DRY_RUN_STEPS`` training steps on tiny batches and a few evaluation items. Its
+    thresholds are the profile's own: a dry run is not expected to reach them."""
+    if profile.dry_run:
+        return profile
+    steps = dict(steps=DRY_RUN_STEPS, warmup_steps=1)
+    items = DRY_RUN_ITEMS
+    return replace(
+        profile, dry_run=True,
+        lm=replace(profile.lm, **steps, batch_size=DRY_RUN_BATCH["lm"],
+                   eval_tokens=items["lm_windows"] * profile.lm.block_size, sample_chars=items["sample_chars"]),
+        g2p=replace(profile.g2p, **steps, batch_size=DRY_RUN_BATCH["g2p"], eval_words=items["eval_words"],
+                    beam_words=items["beam_words"]),
+        cls=replace(profile.cls, **steps, batch_size=DRY_RUN_BATCH["cls"], eval_passages=items["eval_passages"]))
+
+
+def dry_run_requested() -> bool:
+    """Whether ``COURSE_DRY_RUN`` asks for a dry run (``1``; unset or ``0``: no)."""
+    value = os.environ.get(DRY_RUN_ENV, "0").strip().lower()
+    if value not in ("", "0", "1"):
+        raise ValueError(f"{DRY_RUN_ENV}={value!r}: use 1 (a dry run) or 0")
+    return value == "1"
+
+
 def current_profile() -> Profile:
-    """The profile named by ``COURSE_PROFILE`` (default ``cpu``)."""
+    """The profile named by ``COURSE_PROFILE`` (default ``cpu``), as a dry run when
+    ``COURSE_DRY_RUN=1``."""
     name = os.environ.get(ENV_VAR, "cpu").strip().lower() or "cpu"
     if name not in PROFILES:
         raise ValueError(f"{ENV_VAR}={name!r} is not a profile: choose one of {', '.join(PROFILES)}")
-    return PROFILES[name]
+    return dry_run(PROFILES[name]) if dry_run_requested() else PROFILES[name]
+
+
+def checkpoint_profile(name: str, is_dry_run: bool = False) -> Profile:
+    """The profile a saved checkpoint was scored in (``course.capstone.evaluate``)."""
+    return dry_run(PROFILES[name]) if is_dry_run else PROFILES[name]

@@ -1,10 +1,10 @@
 """Trained capstone models as files, so they can be evaluated again outside the notebook.
 
-A checkpoint holds the task, the profile, the ``state_dict`` and the student's code: the
-source of the notebook's answer cells, read from the notebook file on disk (the one being
-graded). ``course.capstone.evaluate`` runs that code in a fresh process, rebuilds the
-model with the task's factory function, loads the weights and scores them with the
-course's metrics.
+A checkpoint holds the task, the profile (and whether it was a dry run), the ``state_dict``
+and the student's code: the source of the notebook's answer cells, read from the notebook
+file on disk (the one being graded). ``course.capstone.evaluate`` runs that code in a fresh
+process, rebuilds the model with the task's factory function, loads the weights and scores
+them with the course's metrics.
 """
 
 from __future__ import annotations
@@ -30,14 +30,16 @@ def answer_sources(folder: Path) -> list[str]:
 
 
 def save_checkpoint(model: torch.nn.Module, task: str, profile: str, path: Path,
-                    folder: Path | None = None) -> Path:
-    """Write ``{task, profile, state_dict, sources}`` to ``path``; returns it."""
+                    folder: Path | None = None, dry_run: bool = False) -> Path:
+    """Write ``{task, profile, dry_run, state_dict, sources}`` to ``path``; returns it.
+    ``dry_run``: scored in a dry run of ``profile`` (``course.capstone.profiles.dry_run``),
+    so that a second scoring uses the same evaluation items."""
     if task not in FACTORIES:
         raise ValueError(f"task must be one of {', '.join(FACTORIES)}, not {task!r}")
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     state = {k: v.detach().cpu() for k, v in model.state_dict().items()}
-    torch.save({"task": task, "profile": profile, "state_dict": state,
+    torch.save({"task": task, "profile": profile, "dry_run": bool(dry_run), "state_dict": state,
                 "sources": answer_sources(folder or Path.cwd())}, path)
     return path
 

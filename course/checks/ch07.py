@@ -968,9 +968,9 @@ def grade_lm(model, generate) -> None:
     loss = metrics.lm_loss(model, data.lm_ids("test"), cfg.block_size, cfg.eval_tokens, device)
     tok = data.char_tokenizer()
     base = metrics.unigram_loss(data.lm_ids("train"), data.lm_ids("test"), tok.vocab_size)
-    path = save_checkpoint(model, "lm", profile.name, CHECKPOINTS / "lm.pt")
-    sample = generate(model, torch.tensor([tok.encode("ROMEO:\n")], device=device), 200, cfg.block_size, 0.8, 20,
-                      generator(0))
+    path = save_checkpoint(model, "lm", profile.name, CHECKPOINTS / "lm.pt", dry_run=profile.dry_run)
+    sample = generate(model, torch.tensor([tok.encode("ROMEO:\n")], device=device), cfg.sample_chars, cfg.block_size,
+                      0.8, 20, generator(0))
     print(tok.decode(sample[0].tolist()))
     print(f"saved {path}")
     _result("held-out loss (nats/char)", loss, profile.thresholds.lm_max_val_loss, "lower",
@@ -1007,7 +1007,7 @@ def grade_g2p(model, greedy_decode, beam_search) -> None:
         print(f"{w:>14}  greedy {' '.join(greedy[w]):<28} reference {' '.join(test[w][0])}")
     print(f"beam search (size {cfg.beam_size}) on {len(beam)} words: PER {bper:.4f} WER {bwer:.4f} "
           f"(greedy on the same words: PER {gper:.4f} WER {gwer:.4f})")
-    print(f"saved {save_checkpoint(model, 'g2p', profile.name, CHECKPOINTS / 'g2p.pt')}")
+    print(f"saved {save_checkpoint(model, 'g2p', profile.name, CHECKPOINTS / 'g2p.pt', dry_run=profile.dry_run)}")
     _result(f"phoneme error rate on {len(words)} held-out words", per, profile.thresholds.g2p_max_per, "lower",
             "copying nothing scores 1.0")
     _result("word error rate", wer, profile.thresholds.g2p_max_wer, "lower", "trivial baseline 1.0")
@@ -1023,13 +1023,13 @@ def grade_classifier(model) -> None:
     model = _trained(model, "0-2 and 6")
     profile, device = current_profile(), get_device()
     cfg = profile.cls
-    ids, labels = data.classifier_tensors("test", cfg.passage_chars, cfg.max_words)
+    ids, labels = data.classifier_eval_tensors(cfg.passage_chars, cfg.max_words, cfg.eval_passages)
     predicted = classifier_predictions(model, ids, device)
     acc = metrics.accuracy(predicted, labels)
     train_texts, train_labels = data.passages("train", cfg.passage_chars)
     majority = metrics.majority_accuracy(train_labels, labels)
     print("confusion matrix (rows: true genre, columns: predicted):", data.GENRES)
     print(metrics.confusion_matrix(predicted, labels, len(data.GENRES)))
-    print(f"saved {save_checkpoint(model, 'cls', profile.name, CHECKPOINTS / 'cls.pt')}")
+    print(f"saved {save_checkpoint(model, 'cls', profile.name, CHECKPOINTS / 'cls.pt', dry_run=profile.dry_run)}")
     _result("held-out genre accuracy", acc, profile.thresholds.cls_min_accuracy, "higher",
             f"majority class {majority:.3f}")

@@ -73,8 +73,8 @@ class GradingSettings:
 
     def kernel_environment(self) -> dict[str, str]:
         """What a sandboxed kernel's environment holds of the settings (and, on a GPU, what
-        CUDA must read before it starts: :func:`course.device.cuda_environment`)."""
-        from course.device import cuda_environment
+        CUDA must read before it starts: :func:`course.cuda_env.cuda_environment`)."""
+        from course.cuda_env import cuda_environment
 
         return {DEVICE_ENV: self.device, TIMEOUT_ENV: str(self.cell_timeout), PROFILE_ENV: self.profile,
                 DRY_RUN_ENV: "1" if self.dry_run else "0", **cuda_environment(self.device)}
@@ -85,7 +85,7 @@ class GradingSettings:
         The ``python3`` kernelspec runs ``python`` from PATH, so this environment's
         ``bin`` goes first (nbgrader's alembic call needs it too).
         """
-        from course.device import cuda_environment
+        from course.cuda_env import cuda_environment
 
         os.environ[DEVICE_ENV] = self.device
         os.environ[TIMEOUT_ENV] = str(self.cell_timeout)

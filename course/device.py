@@ -15,19 +15,9 @@ import os
 
 import torch
 
+from .cuda_env import CUBLAS_WORKSPACE, cuda_environment  # noqa: F401 (re-exported)
+
 ENV_VAR = "COURSE_DEVICE"
-# cuBLAS gives bitwise repeatable matrix products only with a fixed workspace configuration
-# (PyTorch's notes on reproducibility); it is read when cuBLAS starts, so the grader puts it
-# into the kernel's environment.
-CUBLAS_WORKSPACE = ("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-
-
-def cuda_environment(device: str) -> dict[str, str]:
-    """Environment variables a process that may use CUDA (``cuda``, ``cuda:N``, ``auto``)
-    needs before CUDA starts, for deterministic results; none for ``cpu``. Harmless on a
-    machine without a GPU."""
-    wanted = str(device).strip().lower()
-    return dict([CUBLAS_WORKSPACE]) if wanted.startswith("cuda") or wanted == "auto" else {}
 
 
 def determinism_for(device: torch.device | str) -> dict[str, object]:

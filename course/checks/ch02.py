@@ -58,9 +58,10 @@ def _alibi_slopes_oracle(n: int) -> list[float]:
     return power_of_two(closest) + _alibi_slopes_oracle(2 * closest)[0::2][: n - closest]
 
 
-def _matches(got: torch.Tensor, want: torch.Tensor, atol: float = 1e-5, rtol: float = 1e-5) -> bool:
+def _matches(got: torch.Tensor, want: torch.Tensor, atol: float = 1e-5, rtol: float = 1e-5,
+             equal_nan: bool = False) -> bool:
     got = got.detach().double()
-    return got.shape == want.shape and bool(torch.allclose(got, want, atol=atol, rtol=rtol))
+    return got.shape == want.shape and bool(torch.allclose(got, want, atol=atol, rtol=rtol, equal_nan=equal_nan))
 
 
 def _diagnose(got: torch.Tensor, variants: list[tuple[Callable[[], torch.Tensor], str]], default: str,
@@ -76,15 +77,15 @@ def _diagnose(got: torch.Tensor, variants: list[tuple[Callable[[], torch.Tensor]
     return default
 
 
-def _call_explained(fn: Callable, *args, name: str, explain: Callable[[], str | None]):
-    """Call the student's function (name describes the call and its inputs); when it raises, explain() may name
+def _call_explained(fn: Callable, *args, name: str, explain: Callable[[BaseException], str | None]):
+    """Call the student's function (name describes the call and its inputs); when it raises, explain(err) may name
     the likely cause (else the generic hint)."""
     try:
         return fn(*args)
     except (NotImplementedError, CheckFailed):
         raise
     except Exception as err:
-        hint = explain() or ("read the traceback above this message; the inputs were valid for the signature in "
+        hint = explain(err) or ("read the traceback above this message; the inputs were valid for the signature in "
                              "the exercise.")
         raise CheckFailed(f"{name} raised {type(err).__name__}: {err}\nLikely mistake: {hint}") from err
 
@@ -376,9 +377,14 @@ def _show_k(k: torch.Tensor) -> str:
     return f"k = {values}" if len(values) <= 6 else f"{len(values)} offsets k from {min(values)} to {max(values)}"
 
 
-def _explain_shift_error(pe_shape: tuple[int, ...], k_shape: tuple[int, ...]) -> str | None:
-    """When k with a single trailing axis cannot broadcast against pe's pairs, that is the likely error."""
+def _explain_shift_error(pe_shape: tuple[int, ...], k_shape: tuple[int, ...], err: BaseException) -> str | None:
+    """When k with a single trailing axis cannot broadcast against pe's pairs, that is the likely error; on a 0-d k,
+    an index error comes from indexing k as if it had a batch axis."""
     if not k_shape:
+        if isinstance(err, IndexError) or "dimension 0" in str(err) or "0-d" in str(err):
+            return (f"pe has shape {pe_shape} = (T, d_model), so k is 0-d (one offset, shape ()): k may be 0-d, "
+                    "and k[:, None, None] (or k.shape[0]) assumes a batch axis that it does not have. Index with "
+                    "k[..., None, None], which adds the two trailing axes to any number of leading ones.")
         return None
     pairs = pe_shape[:-1] + (pe_shape[-1] // 2,)                                 # (..., T, d_model/2)
     try:
@@ -418,7 +424,7 @@ def check_shift_encodings(shift_encodings, hidden: bool = False) -> None:
         pe_before, k_before = pe.clone(), k.clone()
         label = (f"shift_encodings(pe of shape {tuple(pe.shape)} ({dtype}), {_show_k(k)}, base={base:g})")
         got = _call_explained(shift_encodings, pe, k, base, name=label,
-                              explain=lambda: _explain_shift_error(tuple(pe.shape), tuple(k.shape)))
+                              explain=lambda err: _explain_shift_error(tuple(pe.shape), tuple(k.shape), err))
         expect(torch.equal(pe, pe_before) and torch.equal(k, k_before), "shift_encodings changed its inputs in place.",
                "build new tensors; do not write into pe or k.")
         expect_tensor(got, tuple(pe.shape), label)
@@ -828,6 +834,10 @@ def _conversion_order(n_heads: int, n_kv_heads: int, d_head: int, kind: str = "r
     blocks.append(torch.arange(rows_q, rows_q + rows_kv) if kind == "k_untouched" else k)
     v = rows_q + rows_kv + (torch.arange(n_kv_heads)[:, None] * d_head + per_head).flatten()
     blocks.append(v if kind == "v_permuted" else torch.arange(rows_q + rows_kv, rows_q + 2 * rows_kv))
+    if kind == "q_and_k_as_one_head":                    # q and k rows converted together, as one head
+        rows_qk = rows_q + rows_kv
+        blocks[:2] = [torch.stack((torch.arange(rows_qk // 2), torch.arange(rows_qk // 2) + rows_qk // 2),
+                                  dim=-1).flatten()]
     return torch.cat(blocks)
 
 
@@ -865,7 +875,7 @@ def check_qkv_half_split_to_interleaved(qkv_half_split_to_interleaved, hidden: b
                  f"n_kv_heads={n_kv_heads})")
         got = _call_explained(
             qkv_half_split_to_interleaved, w, n_heads, n_kv_heads, name=label,
-            explain=lambda: None if n_kv_heads == n_heads else (
+            explain=lambda err: None if n_kv_heads == n_heads else (
                 f"the multi-head case passed and this grouped-query weight (n_kv_heads={n_kv_heads} < "
                 f"n_heads={n_heads}) raised. Its {rows} rows are "
                 f"(n_heads + 2 * n_kv_heads) * d_head = {n_heads + 2 * n_kv_heads} * {d_head}, so d_head = "
@@ -903,6 +913,11 @@ def check_qkv_half_split_to_interleaved(qkv_half_split_to_interleaved, hidden: b
                                 "their rows need the same conversion."),
                 ("whole_block", "the rows were reordered across each whole block, mixing the heads: reorder within "
                                 "each head's d_head rows."),
+                ("q_and_k_as_one_head",
+                 f"the q and k rows ({n_heads * d_head} + {n_kv_heads * d_head}) were converted together, as if they "
+                 f"were one head of {(n_heads + n_kv_heads) * d_head} rows: that pairs rows of different heads, and "
+                 "of q with k. Each of the n_heads query heads and n_kv_heads key heads has its own d_head rows and "
+                 "its own pairs (j, j + d_head/2): convert the q block and the k block separately, head by head."),
             ]:
                 if (n_heads > 1 or kind != "whole_block") and torch.equal(got, w[_conversion_order(n_heads, n_kv_heads,
                                                                                                   d_head, kind)]):
@@ -1028,7 +1043,9 @@ def check_alibi_bias(alibi_bias, hidden: bool = False) -> None:
 def _by_parts64(d_head: int, base: float, scale: float, train_len: int, alpha: float, beta: float,
                 kind: str = "right") -> torch.Tensor:
     theta = _freqs64(d_head, base)
-    turns = train_len * theta / (2 * math.pi)                           # full turns made within train_len
+    turns = train_len * theta / (2 * math.pi)                           # turns made within train_len, not rounded
+    if kind in ("floor", "round"):
+        turns = turns.floor() if kind == "floor" else turns.round()
     if kind == "no_two_pi":
         turns = train_len * theta
     if kind == "inverted_ratio":
@@ -1079,8 +1096,16 @@ def check_ntk_by_parts_frequencies(ntk_by_parts_frequencies, hidden: bool = Fals
              f"the ramp is reversed ({where}): the fast pairs (many turns, ramp 1) keep theta_j, and the slow pairs "
              "(few turns, ramp 0) are interpolated, theta_j / scale."),
             (lambda: _by_parts64(d_head, base, scale, train_len, alpha, beta, "no_two_pi"),
-             "r_j counts full turns: train_len * theta_j / (2 pi), the positions divided by the wavelength "
-             "2 pi / theta_j; without the 2 pi it counts radians."),
+             "r_j counts turns of 2 pi radians: train_len * theta_j / (2 pi), the positions divided by the "
+             "wavelength 2 pi / theta_j; without the 2 pi it counts radians."),
+        ] + [
+            (lambda kind=kind: _by_parts64(d_head, base, scale, train_len, alpha, beta, kind),
+             f"r_j was rounded {how} to a whole number: the number of turns is not rounded. r_j = train_len * "
+             "theta_j / (2 pi) is a real number (a pair that makes 10.2 turns has r_j = 10.2), so the ramp grows "
+             "smoothly between alpha and beta instead of in steps.") for kind, how in (("floor", "down"),
+                                                                                       ("round", "off"))
+        ] + [
+
             (lambda: _by_parts64(d_head, base, scale, train_len, alpha, beta, "inverted_ratio"),
              "r_j = train_len / wavelength_j (turns made in training), not wavelength_j / train_len."),
             (lambda: _by_parts64(d_head, base, scale, train_len, alpha, beta, "no_clamp"),
@@ -1229,7 +1254,9 @@ def _cached_attention64(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_pas
         scores = scores / math.sqrt(d)
     T_all = T_past + T_new
     query_at = torch.arange(T_new)[:, None] + (0 if kind in ("top_left", "no_offset_both") else T_past)
-    if kind != "no_mask":
+    if kind == "hides_diagonal":
+        scores = scores.masked_fill(torch.arange(T_all)[None, :] >= query_at, float("-inf"))
+    elif kind != "no_mask":
         scores = scores.masked_fill(torch.arange(T_all)[None, :] > query_at, float("-inf"))
     return scores.softmax(dim=-1) @ values, keys
 
@@ -1363,18 +1390,33 @@ def _check_attention_case(rope_attention_step, case: tuple, g: torch.Generator) 
                      "sees every cached key and the new keys up to itself (a bottom-right mask; "
                      "is_causal=True in scaled_dot_product_attention aligns it to the top left when "
                      "q_len < k_len)."),
+        ("hides_diagonal", "the mask hides the diagonal: query t must see its own key (j = T_past + t), so mask "
+                           "key j only when j > T_past + t (>, not >=)."
+                           + (" A query with no earlier key then sees nothing at all, and its softmax is NaN."
+                              if T_past == 0 else "")),
         ("no_mask", "the new queries saw later new tokens: mask key j for query t when j > T_past + t."),
         ("no_scale", "divide the scores by sqrt(d_head) before the softmax."),
     ]
     # A variant that changes what is cached can explain a wrong cache; the others cannot.
     changes_cache = {"no_offset", "no_offset_both", "cache_rotated_twice", "values_rotated"}
-    hint = next((h for kind, h in variants
+    kind = next((kind for kind, _ in variants
                  if (kind in changes_cache) != cache_ok
                  and (kind != "no_mask" or T_new > 1) and (kind != "top_left" or T_past > 0)
                  and (kind not in ("no_offset", "no_offset_both", "cache_rotated_twice", "query_from_zero")
                       or T_past > 0)
-                 and _matches(out, _cached_attention64(q, k, v, k_past, v_cache, base, kind)[0], atol=atol)),
+                 and _matches(out, _cached_attention64(q, k, v, k_past, v_cache, base, kind)[0], atol=atol,
+                              equal_nan=True)),
                 None)
+    hint = dict(variants)[kind] if kind else None
+    # New keys appended as they came (the cache rotated at attention time instead): not the form of the cache. A
+    # single new key rotated at position 0 is unrotated too; the output then tells the offset bug apart.
+    if (kind not in ("no_offset", "no_offset_both") and not _matches(new_k, want_keys, atol=atol)
+            and _matches(new_k, torch.cat((k_cache, k), dim=-2).double(), atol=atol)):
+        hint = ("the returned k_cache holds the new keys unrotated. The cache it was given holds keys already "
+                "rotated at their own positions, and the next step will use the returned one as it is: it must hold "
+                "the new keys rotated at T_past + t, in the same form as the cached ones. Rotate the new keys once, "
+                "append them, and never rotate the cache again (rotating it at attention time rotates the cached "
+                "keys twice).")
     if hint is None and not cache_ok:
         hint = ("the new cache must be cat((k_cache, apply_rope(k, positions)), dim=-2) with positions T_past .. "
                 "T_past + T_new - 1, and cat((v_cache, v), dim=-2).")

@@ -100,6 +100,11 @@ MISTAKES = [
     Mistake("shift_offset_one_trailing_axis", "ex3_answer",
             "angle = k.to(pe.dtype)[..., None, None] * freq", "angle = k.to(pe.dtype)[..., None] * freq",
             EX3, "with one trailing axis (k[..., None])", e2e=False),
+    # k indexed as a batch of offsets, k[:, None, None]: right for one batch axis, raises IndexError on a 0-d k
+    # (pe of shape (T, d_model), a visible case); the message must say that k may be 0-d.
+    Mistake("shift_k_indexed_with_colon", "ex3_answer",
+            "angle = k.to(pe.dtype)[..., None, None] * freq", "angle = k.to(pe.dtype)[:, None, None] * freq",
+            EX3, "k may be 0-d", e2e=False),
     Mistake("shift_base_ignored", "ex3_answer",
             "* (-math.log(base) / d_model))", "* (-math.log(10000.0) / d_model))",
             EX3, "the answer matches base 10000", e2e=False),
@@ -180,6 +185,14 @@ MISTAKES = [
             "        return pairs.transpose(1, 2).reshape(block.shape)",
             "pairs = block.reshape(2, -1, *rest)\n        return pairs.transpose(0, 1).reshape(block.shape)",
             EX6, "mixing the heads"),
+    # The q and k rows taken together and converted as if they were one head of (n_heads + n_kv_heads) * d_head
+    # rows: pairs cross heads and blocks; the message must name that, not give the generic recipe.
+    Mistake("conversion_q_and_k_as_one_head", "ex6_answer",
+            "    return torch.cat((to_interleaved(q, n_heads), to_interleaved(k, n_kv_heads), v.clone()), dim=0)",
+            "    qk = torch.cat((q, k), dim=0)\n"
+            "    qk = qk.reshape(2, qk.shape[0] // 2, *rest).transpose(0, 1).reshape(qk.shape)\n"
+            "    return torch.cat((qk, v.clone()), dim=0)",
+            EX6, "as if they were one head", e2e=False),
     # 7: ALiBi
     Mistake("alibi_power_of_two_formula_for_any_count", "ex7_answer",
             "n = 2 ** math.floor(math.log2(n_heads))", "n = n_heads",
@@ -208,13 +221,17 @@ MISTAKES = [
             EX8, "the ramp is reversed"),
     Mistake("by_parts_turns_without_two_pi", "ex8_answer",
             "turns = train_len * theta / (2 * math.pi)", "turns = train_len * theta",
-            EX8, "r_j counts full turns"),
+            EX8, "r_j counts turns of 2 pi radians"),
     Mistake("by_parts_no_clamp", "ex8_answer",
             "ramp = ((turns - alpha) / (beta - alpha)).clamp(0.0, 1.0)", "ramp = (turns - alpha) / (beta - alpha)",
             EX8, "clamp the ramp to [0, 1]"),
     Mistake("by_parts_times_scale", "ex8_answer",
             "(1 - ramp) * theta / scale", "(1 - ramp) * theta * scale",
             EX8, "not theta_j * scale"),
+    # "the number of full turns" read as a whole number: the ramp moves in steps.
+    Mistake("by_parts_turns_floored", "ex8_answer",
+            "turns = train_len * theta / (2 * math.pi)", "turns = torch.floor(train_len * theta / (2 * math.pi))",
+            EX8, "the number of turns is not rounded", e2e=False),
     # 9: predict, then measure
     Mistake("reach_predicted_rounded_down", "ex9_answer", "return 37 ", "return 36 ",
             EX9, "that rounds down"),
@@ -255,6 +272,22 @@ MISTAKES = [
             "k_cache, v_cache = torch.cat((k_cache, k), dim=-2)",
             "k_cache, v_cache = torch.cat((apply_rope(k_cache, torch.arange(T_past), base), k), dim=-2)",
             EX10, "the cached keys were rotated again"),
+    # ">=" for ">": the new query cannot see its own key (a NaN row when it has no earlier key).
+    Mistake("cache_mask_hides_diagonal", "ex10_answer",
+            "future = torch.arange(T_past + T_new, device=q.device)[None, :] > positions[:, None]",
+            "future = torch.arange(T_past + T_new, device=q.device)[None, :] >= positions[:, None]",
+            EX10, "query t must see its own key (j = T_past + t)", e2e=False),
+    # The new keys appended unrotated and the whole cache rotated at attention time: the output of a first step
+    # is right, but the returned cache is not in the form of the cached keys.
+    Mistake("cache_keys_stored_unrotated", "ex10_answer",
+            "    q, k = apply_rope(q, positions, base), apply_rope(k, positions, base)\n"
+            "    k_cache, v_cache = torch.cat((k_cache, k), dim=-2), torch.cat((v_cache, v), dim=-2)   # (B, H, T_all, d)\n"
+            "    scores = q @ k_cache.transpose(-2, -1) / math.sqrt(d_head)",
+            "    q = apply_rope(q, positions, base)\n"
+            "    k_cache, v_cache = torch.cat((k_cache, k), dim=-2), torch.cat((v_cache, v), dim=-2)\n"
+            "    keys = apply_rope(k_cache, torch.arange(T_past + T_new, device=q.device), base)\n"
+            "    scores = q @ keys.transpose(-2, -1) / math.sqrt(d_head)",
+            EX10, "in the same form as the cached ones", e2e=False),
     Mistake("cache_values_rotated", "ex10_answer",
             "q, k = apply_rope(q, positions, base), apply_rope(k, positions, base)",
             "q, k, v = apply_rope(q, positions, base), apply_rope(k, positions, base), apply_rope(v, positions, base)",

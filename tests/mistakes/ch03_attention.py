@@ -192,6 +192,10 @@ MISTAKES = [
     Mistake("entropy_prediction_in_bits", "ex6_answer",
             "return math.log(512)", "return math.log2(512)",
             BOTH["ex6"], "ln, not log2"),
+    # The demo's measurement pasted as a rounded decimal: within 0.01, but the arithmetic is asked for.
+    Mistake("entropy_prediction_rounded_decimal", "ex6_answer",
+            "return math.log(512)", "return 6.2383",
+            BOTH["ex6"], "return the arithmetic that gives it, as a Python expression", e2e=False),
     Mistake("entropy_zero_times_log_zero", "ex6_answer",
             "    terms = torch.where(p > 0, -p * log_p, torch.zeros_like(p))           # 0 * log 0 counts as 0\n"
             "    return terms.sum(dim=-1).nan_to_num(0.0)",

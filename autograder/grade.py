@@ -227,6 +227,7 @@ class Grader:
                                   if p.is_dir() and any(p.glob("*.ipynb")))
         self._ids: dict[str, str] = {}
         self._max: dict[str, float] = {}
+        self._pool = None               # local workers started early (see _early_pool)
 
     # ------------------------------------------------------------------ setting up
     def _identity(self, submissions: Path) -> dict:
@@ -315,11 +316,17 @@ class Grader:
         identity = self._identity(submissions)
         previous = None if self.force else log.previous(identity)
         kept, pending = self._plan(todo, digests, previous, log)
-        self._preflight()
-        if previous is None:
-            self._start_fresh()
-        self._drop_stale_feedback(previous, kept, digests)
-        self._open_tree(sorted({f.assignment for f in pending if f.assignment in self.assignments}))
+        self._pool = self._early_pool(pending)
+        try:
+            self._preflight()
+            if previous is None:
+                self._start_fresh()
+            self._drop_stale_feedback(previous, kept, digests)
+            self._open_tree(sorted({f.assignment for f in pending if f.assignment in self.assignments}))
+        except BaseException:
+            if self._pool is not None:
+                self._pool.shutdown(wait=False, cancel_futures=True)
+            raise
         log.start(identity, kept, previous.digests if previous else {})
         rows = [GradeRow.from_csv(r) for r in kept.values()]
         bar = tqdm(total=len(pending), desc="grading", unit="submission", disable=not show_progress)
@@ -374,6 +381,19 @@ class Grader:
             if folder is not None and folder.is_dir() and not folder.is_symlink():
                 shutil.rmtree(folder)
 
+    def _parallel(self, pending: list[Found]) -> bool:
+        """Graded by local workers (not one process, not a cluster)."""
+        return not self.cluster and self.workers > 1 and sum(1 for f in pending if not f.status) > 1
+
+    def _early_pool(self, pending: list[Found]):
+        """The local workers, started before the course tree is generated (they spend seconds
+        importing PyTorch and nbgrader, on the other cores, meanwhile)."""
+        if not self._parallel(pending):
+            return None
+        from .workers import start_pool
+
+        return start_pool(self, self.workers, sum(1 for f in pending if not f.status))
+
     def _graded(self, pending: list[Found]):
         """``(found, row)`` for each pending entry, in one process or in ``workers``."""
         to_grade = [f for f in pending if not f.status]
@@ -392,7 +412,8 @@ class Grader:
             else:
                 from .workers import grade_in_parallel
 
-                yield from grade_in_parallel(self, tasks, self.workers)
+                pool, self._pool = self._pool, None
+                yield from grade_in_parallel(self, tasks, self.workers, pool)
             return
         for found in pending:
             yield found, self.grade_entry(found)

@@ -37,6 +37,8 @@ KILL_ENV = "COURSE_GRADER_KILL_WORKER"
 
 _grader = None      # the worker process's own Grader
 _running: Path | None = None
+_number = 0         # the worker's number (its sandbox uid)
+_threads = 1
 
 
 def cores() -> int:
@@ -64,7 +66,9 @@ def threads_per_worker(workers: int) -> int:
     return max(1, cores() // max(1, workers))
 
 
-def _start_worker(solutions_dir: Path, out: Path, settings, assignments: list[str], numbers, threads: int) -> None:
+def _start_worker(solutions_dir: Path, out: Path, settings, numbers, threads: int) -> None:
+    """A worker's start: what every submission needs imported and set up. It runs while the
+    main process still generates the course tree, which the first task then opens."""
     from .coursetree import thread_environment
 
     os.environ.update(thread_environment(threads))
@@ -73,14 +77,16 @@ def _start_worker(solutions_dir: Path, out: Path, settings, assignments: list[st
     torch.set_num_threads(threads)
     from .grade import Grader
 
-    global _grader, _running
+    global _grader, _running, _number, _threads
     _grader = Grader(solutions_dir, out, settings)
-    _grader.attach_tree(assignments, worker=numbers.get(), threads=threads)
+    _number, _threads = numbers.get(), threads
     _running = Path(out) / RUNNING_DIR
     _running.mkdir(exist_ok=True)
 
 
-def _grade_task(found, sid: str, attempt: int):
+def _grade_task(found, sid: str, attempt: int, assignments: list[str]):
+    if _grader.tree is None:        # the tree the main process generated, opened once
+        _grader.attach_tree(assignments, worker=_number, threads=_threads)
     marker = _running / f"{os.getpid()}.json"
     marker.write_text(json.dumps(list(found.key)), encoding="utf-8")
     if attempt == 0 and os.environ.get(KILL_ENV) == f"{found.student}/{found.assignment}":
@@ -104,24 +110,38 @@ def _held_by_dead_workers(out: Path) -> set[tuple[str, str]]:
     return held
 
 
-def grade_in_parallel(grader, tasks: list, workers: int) -> Iterator[tuple[object, object]]:
-    """Yield ``(found, row)`` for each ``(found, sid)`` of ``tasks`` as workers finish them."""
+def start_pool(grader, workers: int, count: int) -> ProcessPoolExecutor:
+    """Workers for ``count`` submissions (at most ``workers``), started now: they import and
+    set up while the main process generates the course tree."""
+    context = multiprocessing.get_context("spawn")
+    numbers = context.Queue()
+    for number in range(workers):
+        numbers.put(number)
+    size = max(1, min(workers, count))
+    pool = ProcessPoolExecutor(max_workers=size, mp_context=context, initializer=_start_worker,
+                               initargs=(grader.solutions_dir, grader.out, grader.settings, numbers,
+                                         threads_per_worker(workers)))
+    for _ in range(size):       # a pool starts its processes for tasks: give it one each now
+        pool.submit(_ready)
+    return pool
+
+
+def _ready() -> None:
+    """Nothing: a task that makes the pool start a worker (see start_pool)."""
+
+
+def grade_in_parallel(grader, tasks: list, workers: int,
+                      pool: ProcessPoolExecutor | None = None) -> Iterator[tuple[object, object]]:
+    """Yield ``(found, row)`` for each ``(found, sid)`` of ``tasks`` as workers finish them
+    (in ``pool`` if one was started early; a fresh pool after a worker died)."""
     from .grade import GradeRow
 
-    threads = threads_per_worker(workers)
     attempts: dict[tuple[str, str], int] = {}
     queue = list(tasks)
-    context = multiprocessing.get_context("spawn")
     assignments = sorted({found.assignment for found, _ in tasks})
     while queue:
-        numbers = context.Queue()
-        for number in range(workers):
-            numbers.put(number)
-        pool = ProcessPoolExecutor(max_workers=min(workers, len(queue)), mp_context=context,
-                                   initializer=_start_worker,
-                                   initargs=(grader.solutions_dir, grader.out, grader.settings, assignments,
-                                             numbers, threads))
-        futures = {pool.submit(_grade_task, found, sid, attempts.get(found.key, 0)): (found, sid)
+        pool = pool or start_pool(grader, workers, len(queue))
+        futures = {pool.submit(_grade_task, found, sid, attempts.get(found.key, 0), assignments): (found, sid)
                    for found, sid in queue}
         queue, broken, finished = [], False, False
         try:
@@ -144,6 +164,7 @@ def grade_in_parallel(grader, tasks: list, workers: int) -> Iterator[tuple[objec
             finished = True
         finally:
             _shutdown(pool, now=broken or not finished)
+            pool = None
         if broken:
             held = _held_by_dead_workers(grader.out)
             for found, sid in list(queue):

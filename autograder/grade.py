@@ -397,7 +397,7 @@ class Grader:
     def _graded(self, pending: list[Found]):
         """``(found, row)`` for each pending entry, in one process or in ``workers``."""
         to_grade = [f for f in pending if not f.status]
-        if to_grade and (self.cluster or (self.workers > 1 and len(to_grade) > 1)):
+        if to_grade and (self.cluster or self._parallel(pending)):
             for found in pending:
                 if found.status:
                     yield found, self.grade_entry(found)

@@ -34,13 +34,15 @@ def _browser_or_skip() -> str:
     return executable
 
 
-def _screenshot_pages(pages: list[str]) -> dict[str, str]:
+def _screenshot_pages(site: Path, pages: list[str]) -> dict[str, str]:
     """One page per chapter: the first with a widget, else the chapter's index."""
-    chosen = {}
-    for page in pages:
+    chosen: dict[str, str] = {}
+    with_widget = [p for p in pages if "widget-view+json" in (site / p).read_text(encoding="utf-8")]
+    indexes = [p for p in pages if p.endswith("/index.html")]
+    for page in with_widget + indexes:      # widget pages first: setdefault keeps them
         match = re.match(r"book/(ch\d\d)_[^/]+/", page)
-        if match and match.group(1) not in chosen:
-            chosen[match.group(1)] = f"book/{page.split('/')[1]}/index.html"
+        if match:
+            chosen.setdefault(match.group(1), page)
     return chosen
 
 
@@ -53,12 +55,7 @@ def site(book_build) -> Path:
 def reports(site):
     executable = _browser_or_skip()
     pages = html_pages(site)
-    shots = _screenshot_pages(pages)
-    widget_pages = {p for p in pages if "widget-view+json" in (site / p).read_text(encoding="utf-8")}
-    for chapter in shots:      # prefer a page that shows a demo
-        with_widget = sorted(p for p in widget_pages if p.startswith(f"book/{chapter}_"))
-        if with_widget:
-            shots[chapter] = with_widget[0]
+    shots = _screenshot_pages(site, pages)
     by_page = {page: chapter for chapter, page in shots.items()}
     server, browser = Server(site), Browser(executable)
     try:

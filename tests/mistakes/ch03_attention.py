@@ -10,6 +10,27 @@ _FILL_AND_ZERO = ("scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).
                   "    if mask is not None:\n"
                   "        weights = weights.masked_fill(~mask, 0.0)")
 
+# Queries grouped as h % n_kv_heads instead of h // group (exercise 5), and the newest queries
+# placed at positions 0.. instead of after the cache (exercise 3): each graded on its own and
+# again through exercise 10, which calls them.
+_GQA_HEADS_TILED = (
+    "    q = q.reshape(B, n_kv, group * T_q, d_head)                          # a group's queries share one key matrix\n"
+    "    if mask is not None:\n"
+    "        mask = mask.expand(B, n_heads, T_q, T_k).reshape(B, n_kv, group * T_q, T_k)\n"
+    "    out, _ = scaled_dot_product_attention(q, k, v, mask)                  # (B, n_kv, group * T_q, d_v)\n"
+    "    return out.reshape(B, n_heads, T_q, v.shape[-1])",
+    "    q = q.view(B, group, n_kv, T_q, d_head).transpose(1, 2).reshape(B, n_kv, group * T_q, d_head)\n"
+    "    if mask is not None:\n"
+    "        mask = (mask.expand(B, n_heads, T_q, T_k).reshape(B, group, n_kv, T_q, T_k).transpose(1, 2)\n"
+    "                .reshape(B, n_kv, group * T_q, T_k))\n"
+    "    out, _ = scaled_dot_product_attention(q, k, v, mask)\n"
+    "    return out.view(B, n_kv, group, T_q, -1).transpose(1, 2).reshape(B, n_heads, T_q, v.shape[-1])",
+)
+_QUERIES_AT_THE_TOP_LEFT = (
+    "query_pos = torch.arange(k_len - q_len, k_len, device=key_is_real.device)[:, None]",
+    "query_pos = torch.arange(q_len, device=key_is_real.device)[:, None]",
+)
+
 MISTAKES = [
     # ---------------------------------------------------------------- 1: softmax
     Mistake("softmax_no_max", "ex1_answer",
@@ -81,8 +102,7 @@ MISTAKES = [
             BOTH["ex2"], "the bias was subtracted"),
     # ---------------------------------------------------------------- 3: decoder mask
     Mistake("decoder_mask_top_left", "ex3_answer",
-            "query_pos = torch.arange(k_len - q_len, k_len, device=key_is_real.device)[:, None]",
-            "query_pos = torch.arange(q_len, device=key_is_real.device)[:, None]",
+            *_QUERIES_AT_THE_TOP_LEFT,
             BOTH["ex3"], "aligned to the top left"),
     Mistake("decoder_mask_no_diagonal", "ex3_answer",
             "causal = key_pos <= query_pos", "causal = key_pos < query_pos",
@@ -164,17 +184,7 @@ MISTAKES = [
             "    out, _ = scaled_dot_product_attention(q, k.unsqueeze(2), v.unsqueeze(2), mask)\n",
             BOTH["ex5"], "expands it internally"),
     Mistake("gqa_heads_tiled", "ex5_answer",
-            "    q = q.reshape(B, n_kv, group * T_q, d_head)                          # a group's queries share one key matrix\n"
-            "    if mask is not None:\n"
-            "        mask = mask.expand(B, n_heads, T_q, T_k).reshape(B, n_kv, group * T_q, T_k)\n"
-            "    out, _ = scaled_dot_product_attention(q, k, v, mask)                  # (B, n_kv, group * T_q, d_v)\n"
-            "    return out.reshape(B, n_heads, T_q, v.shape[-1])",
-            "    q = q.view(B, group, n_kv, T_q, d_head).transpose(1, 2).reshape(B, n_kv, group * T_q, d_head)\n"
-            "    if mask is not None:\n"
-            "        mask = (mask.expand(B, n_heads, T_q, T_k).reshape(B, group, n_kv, T_q, T_k).transpose(1, 2)\n"
-            "                .reshape(B, n_kv, group * T_q, T_k))\n"
-            "    out, _ = scaled_dot_product_attention(q, k, v, mask)\n"
-            "    return out.view(B, n_kv, group, T_q, -1).transpose(1, 2).reshape(B, n_heads, T_q, v.shape[-1])",
+            *_GQA_HEADS_TILED,
             BOTH["ex5"], "grouped as h % n_kv_heads"),
     Mistake("gqa_mask_grouped_wrong", "ex5_answer",
             "        mask = mask.expand(B, n_heads, T_q, T_k).reshape(B, n_kv, group * T_q, T_k)",
@@ -338,21 +348,10 @@ MISTAKES = [
             BOTH["ex4"] + BOTH["ex5"] + BOTH["ex7"],
             "may call your scaled_dot_product_attention, which fails exercise 2's tests", e2e=False),
     Mistake("step_after_decoder_mask_top_left", "ex3_answer",
-            "query_pos = torch.arange(k_len - q_len, k_len, device=key_is_real.device)[:, None]",
-            "query_pos = torch.arange(q_len, device=key_is_real.device)[:, None]",
+            *_QUERIES_AT_THE_TOP_LEFT,
             BOTH["ex10"], "may call your decoder_mask, which fails exercise 3's tests", e2e=False),
     Mistake("step_after_gqa_heads_tiled", "ex5_answer",
-            "    q = q.reshape(B, n_kv, group * T_q, d_head)                          # a group's queries share one key matrix\n"
-            "    if mask is not None:\n"
-            "        mask = mask.expand(B, n_heads, T_q, T_k).reshape(B, n_kv, group * T_q, T_k)\n"
-            "    out, _ = scaled_dot_product_attention(q, k, v, mask)                  # (B, n_kv, group * T_q, d_v)\n"
-            "    return out.reshape(B, n_heads, T_q, v.shape[-1])",
-            "    q = q.view(B, group, n_kv, T_q, d_head).transpose(1, 2).reshape(B, n_kv, group * T_q, d_head)\n"
-            "    if mask is not None:\n"
-            "        mask = (mask.expand(B, n_heads, T_q, T_k).reshape(B, group, n_kv, T_q, T_k).transpose(1, 2)\n"
-            "                .reshape(B, n_kv, group * T_q, T_k))\n"
-            "    out, _ = scaled_dot_product_attention(q, k, v, mask)\n"
-            "    return out.view(B, n_kv, group, T_q, -1).transpose(1, 2).reshape(B, n_heads, T_q, v.shape[-1])",
+            *_GQA_HEADS_TILED,
             BOTH["ex10"], "may call your grouped_query_attention, which fails exercise 5's tests", e2e=False),
 ]
 

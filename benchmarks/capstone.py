@@ -38,13 +38,26 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 
+#: nanoGPT's CPU recipe for character-level Shakespeare (4 layers, 4 heads, width 128, block 64,
+#: batch 12, 2,000 iterations, no dropout) trained on lm_ids("train") and scored on the same test
+#: text, on 2 quiet cores (issue 15's table). Not rerun here: nanoGPT is not a dependency.
+NANOGPT_PUBLISHED = {"loss": 1.909, "seconds": 107.0, "reference_same_size_seconds": 76.0}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--profile", default="cpu", choices=["smoke", "cpu", "gpu"])
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--tasks", nargs="+", default=["lm", "g2p", "cls"], choices=["lm", "g2p", "cls"])
-    parser.add_argument("--no-baseline", action="store_true", help="skip the nn.TransformerEncoderLayer LM baseline")
+    parser.add_argument("--variants", nargs="+", default=["reference", "nanogpt-size"],
+                        help="models to train besides nothing else: reference, nanogpt-size (LM), torch-baseline (LM), "
+                             "no-positions, no-causal-mask (LM), post-ln-no-final-norm (LM), bigram (LM), "
+                             "causal-encoder (cls); a variant that does not apply to a task is skipped. "
+                             "Default: reference nanogpt-size")
+    parser.add_argument("--variant-seeds", type=int, nargs="+", default=None,
+                        help="seeds for the variants other than the reference (default: the first of --seeds)")
+    parser.add_argument("--no-baselines", action="store_true", help="skip the classifier's simple baselines")
     parser.add_argument("--write", action="store_true", help="write benchmarks/results/capstone_<profile>.json")
     parser.add_argument("--json", type=Path, metavar="PATH", help="write every run's numbers (no curves) to PATH")
     parser.add_argument("--estimate", action="store_true",
@@ -66,38 +79,37 @@ def main() -> int:
     import torch
 
     from autograder.extract import solution_namespace
-    from benchmarks.capstone_runs import run_task
+    from benchmarks.capstone_runs import CLS_VARIANTS, LM_VARIANTS, run_task
 
     ns = solution_namespace(ROOT / "solutions" / "ch07_capstone" / "ch07_capstone.ipynb")
     device = torch.device(args.device)
+    applies = {"lm": LM_VARIANTS, "g2p": ("reference",), "cls": CLS_VARIANTS}
     rows, details = [], {}
     for task in args.tasks:
-        variants = ["reference"] + (["torch-baseline"] if task == "lm" and not args.no_baseline else [])
-        for variant in variants:
-            for seed in args.seeds:
-                result = run_task(ns, task, variant, seed, device)
+        for variant in [v for v in dict.fromkeys(["reference", *args.variants]) if v in applies[task]]:
+            seeds = args.seeds if variant == "reference" else (args.variant_seeds or args.seeds[:1])
+            for seed in seeds:
+                result = run_task(ns, task, variant, seed, device, baselines=not args.no_baselines)
                 rows.append(result)
                 if variant == "reference":
                     details.setdefault(task, result)
-                print(f"  {task:<4} {variant:<15} seed {seed}: {result['metric_name']} {result['metric']:.4f} "
-                      f"in {result['seconds']:.1f} s", flush=True)
+                print(f"  {task:<4} {variant:<22} seed {seed}: {result['metric_name']} {result['metric']:.4f}, "
+                      + ", ".join(f"{k} {v:.1f} s" for k, v in result["phases"].items()), flush=True)
 
     print(f"\nprofile {args.profile}, device {args.device}, torch {torch.__version__}, "
-          f"{torch.get_num_threads()} threads; medians over seeds {args.seeds}")
-    header = f"{'task':<5}{'model':<16}{'steps':>6}{'wall s':>9}{'items/s':>10}{'ratio':>7}  metric (per seed)"
+          f"{torch.get_num_threads()} threads; medians over seeds")
+    header = f"{'task':<5}{'model':<23}{'steps':>6}{'train s':>9}{'items/s':>10}  metric (per seed)"
     print(header + "\n" + "-" * len(header))
-    medians = {}
     for (task, variant) in dict.fromkeys((r["task"], r["variant"]) for r in rows):
         group = [r for r in rows if r["task"] == task and r["variant"] == variant]
         speed = statistics.median(r["items_per_s"] for r in group)
-        medians[(task, variant)] = speed
-        ratio = ""
-        if variant == "torch-baseline" and (task, "reference") in medians:
-            ratio = f"{medians[(task, 'reference')] / speed:.2f}"
         metrics = ", ".join(f"{r['metric']:.4f}" for r in group)
-        print(f"{task:<5}{variant:<16}{group[0]['steps']:>6}{statistics.median(r['seconds'] for r in group):>9.1f}"
-              f"{speed:>10.0f}{ratio:>7}  {group[0]['metric_name']}: {metrics}")
-    print("ratio = reference items/s divided by the baseline's, measured in this run (higher is faster).")
+        print(f"{task:<5}{variant:<23}{group[0]['steps']:>6}{statistics.median(r['seconds'] for r in group):>9.1f}"
+              f"{speed:>10.0f}  {group[0]['metric_name']}: {metrics}")
+    print("items: characters (LM), words (G2P, classifier) per second of training.")
+    print_phases(rows)
+    print_lm_comparison(rows)
+    print_classifier_baselines(rows)
     for task in args.tasks:
         group = [r for r in rows if r["task"] == task and r["variant"] == "reference"]
         worst = max(r["metric"] for r in group) if group[0]["lower_is_better"] else min(r["metric"] for r in group)
@@ -125,6 +137,46 @@ def main() -> int:
                                                                         for t, d in details.items()}}}, indent=1))
         print(f"wrote {out.relative_to(ROOT)}")
     return 0
+
+
+def print_phases(rows: list[dict]) -> None:
+    """Seconds per phase of the reference runs (median over seeds)."""
+    print("\ntime per phase, reference solution (median over seeds, seconds):")
+    for task in dict.fromkeys(r["task"] for r in rows):
+        group = [r for r in rows if r["task"] == task and r["variant"] == "reference"]
+        if group:
+            names = list(group[0]["phases"])
+            print(f"  {task:<4} " + "; ".join(f"{n} {statistics.median(r['phases'][n] for r in group):.1f}"
+                                           for n in names)
+                  + f"; total without the baselines "
+                    f"{statistics.median(sum(v for k, v in r['phases'].items() if k != 'baselines') for r in group):.1f}")
+
+
+def print_lm_comparison(rows: list[dict]) -> None:
+    """The profile's language model beside nanoGPT's published CPU recipe, with the reference at
+    nanoGPT's sizes trained in this run as the yardstick of this machine's speed."""
+    ref = [r for r in rows if r["task"] == "lm" and r["variant"] == "reference"]
+    same = [r for r in rows if r["task"] == "lm" and r["variant"] == "nanogpt-size"]
+    if not ref or not same:
+        return
+    pub = NANOGPT_PUBLISHED
+    # nanoGPT's wall time on this machine, scaled by the reference at its sizes measured here
+    scale = statistics.median(r["seconds"] for r in same) / pub["reference_same_size_seconds"]
+    print("\nlanguage model beside nanoGPT's CPU recipe (test loss over both test plays, metrics.lm_loss):")
+    print(f"  {'model':<44}{'tokens':>8}{'wall s':>8}{'test loss':>11}")
+    print(f"  {'nanoGPT recipe (issue 15, scaled to this machine)':<44}{1.54:>7.2f}M"
+          f"{pub['seconds'] * scale:>8.0f}{pub['loss']:>11.3f}")
+    for name, group in (("reference at nanoGPT's sizes (this run)", same), ("reference, profile (this run)", ref)):
+        print(f"  {name:<44}{group[0]['tokens'] / 1e6:>7.2f}M{statistics.median(r['seconds'] for r in group):>8.0f}"
+              f"{statistics.median(r['metric'] for r in group):>11.3f}")
+    print(f"  nanoGPT's 107 s scaled by this run's reference at its sizes ({scale:.2f} x the 76 s of issue 15)")
+
+
+def print_classifier_baselines(rows: list[dict]) -> None:
+    runs = [r for r in rows if r["task"] == "cls" and r.get("baselines")]
+    if runs:
+        print("\nclassifier baselines on the same held-out words: "
+              + ", ".join(f"{k.replace('_', ' ')} {v:.4f}" for k, v in runs[0]["baselines"].items()))
 
 
 # ----------------------------------------------------------------------------- the GPU estimate
@@ -273,18 +325,18 @@ def estimate_phases(profile_name: str) -> list[dict]:
 
     # ---- classifier
     cfg = profile.cls
-    x_all, y_all = data.classifier_tensors("train", cfg.passage_chars, cfg.max_words)
-    cls = ns["build_classifier"](cfg, data.word_tokenizer(cfg.passage_chars).vocab_size, len(data.GENRES))
+    x_all, y_all = data.classifier_tensors("train", cfg.max_len)
+    cls = ns["build_classifier"](cfg, len(data.SRC_VOCAB), len(data.PATTERNS))
 
     def cls_batch(step):
         pick = torch.randint(0, len(x_all), (8,), generator=rng)
         return x_all[pick], y_all[pick]
 
     train_phase("cls", cfg, cls, cls_batch, lambda m, x, y: F.cross_entropy(m(x).float(), y), 8)
-    test_x, _ = data.classifier_eval_tensors(cfg.passage_chars, cfg.max_words, cfg.eval_passages)
+    test_x, _ = data.classifier_eval_tensors(cfg.max_len, cfg.eval_words)
     m = measure(lambda: classifier_predictions(cls, test_x[:16], cpu))
     n = len(test_x)
-    phases.append({"task": "cls", "phase": "eval: accuracy", "cell": "cls_eval", "unit": "passage", "units": n,
+    phases.append({"task": "cls", "phase": "eval: accuracy", "cell": "cls_eval", "unit": "word", "units": n,
                    "scale": 1, "flops": m["flops"] / 16, "cpu_s": m["cpu_s"] / 16,
                    "ops": m["ops"] * math.ceil(n / EVAL_BATCH["cls"]) / n,
                    "syncs": m["syncs"] * math.ceil(n / EVAL_BATCH["cls"]) / n})

@@ -100,7 +100,7 @@ fi
 # processes would starve each other); no nn.TransformerEncoderLayer baseline (no time for it).
 for seed in 0 1 2; do
   ( OMP_NUM_THREADS=1 timeout "$PARALLEL_S" "$PY" benchmarks/capstone.py --profile "$PROFILE" --device "$DEVICE" \
-      --seeds "$seed" --tasks $TASKS --no-baseline --json "$OUT/capstone-seed$seed.json" >"$OUT/capstone-seed$seed.log" 2>&1; \
+      --seeds "$seed" --tasks $TASKS --variants reference --no-baselines --json "$OUT/capstone-seed$seed.json" >"$OUT/capstone-seed$seed.log" 2>&1; \
     echo $? >"$OUT/capstone-seed$seed.rc" ) &
 done
 ( OMP_NUM_THREADS=2 COURSE_DEVICE=cpu timeout "$PARALLEL_S" "$PY" benchmarks/capstone.py --estimate --profile "$PROFILE" \
@@ -143,7 +143,7 @@ for seed in (0, 1, 2):
     if data:
         runs += json.loads(data)["runs"]
     else:   # cut short: the lines it printed as each task finished
-        for m in re.finditer(r"^\s+(\w+)\s+(reference|torch-baseline)\s+seed (\d+): (.+?) ([\d.]+) in ([\d.]+) s$",
+        for m in re.finditer(r"^\s+(\w+)\s+(reference)\s+seed (\d+): (.+?) ([\d.]+), train ([\d.]+) s",
                              read(f"capstone-seed{seed}.log"), re.M):
             runs.append({"task": m[1], "variant": m[2], "seed": int(m[3]), "metric_name": m[4],
                          "metric": float(m[5]), "seconds": float(m[6]), "partial": True})
@@ -174,9 +174,9 @@ for task in os.environ["TASKS"].split():
         rows.append((f"  {task} training: measured (fastest seed) vs estimated",
                      f"{min(r['seconds'] for r in ref):.0f} s (sharing the GPU with 3 other jobs) vs "
                      f"{est_train[task]:.0f} s"))
-    if any("eval_seconds" in r for r in ref):
+    if any("phases" in r for r in ref):
         rows.append((f"  {task} evaluation, measured (fastest seed) vs estimated",
-                     f"{min(r['eval_seconds'] for r in ref if 'eval_seconds' in r):.0f} s (with the baselines) vs "
+                     f"{min(sum(v for k, v in r['phases'].items() if k != 'train') for r in ref if 'phases' in r):.0f} s vs "
                      f"{est_eval.get(task, float('nan')):.0f} s"))
 for r in runs:
     if r["variant"] == "torch-baseline":

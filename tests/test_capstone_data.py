@@ -9,7 +9,7 @@ import torch
 
 from course.capstone import data, metrics
 from course.capstone.profiles import PROFILES, current_profile
-from course.data.cmudict import PHONEMES, load_g2p, load_pronunciations, split_of
+from course.data.cmudict import PHONEMES, load_g2p, load_pronunciations, load_stress, split_of
 
 
 def test_cmudict_split_is_by_word_fixed_and_disjoint():
@@ -55,14 +55,38 @@ def test_lm_loss_of_a_uniform_model_is_log_vocab():
     assert metrics.lm_loss(Uniform(), ids, 16, 500, torch.device("cpu")) == pytest.approx(math.log(50))
 
 
-def test_classifier_passages_split_by_position_and_baselines():
-    texts, labels = data.passages("test", 256)
-    assert len(texts) == len(labels) > 1000 and all(len(t) == 256 for t in texts)
-    assert not set(texts) & set(data.passages("train", 256)[0])
-    ids, _ = data.classifier_tensors("test", 256, 64)
-    assert ids.shape == (len(texts), 64)
-    _, train_labels = data.passages("train", 256)
-    assert metrics.majority_accuracy(train_labels, labels) < 0.35
+def test_stress_patterns_by_hand_and_split_by_word():
+    stress = load_stress()
+    # CMUdict's first pronunciations: PHO-to-graph, pho-TOG-ra-phy, pho-to-GRAPH-ic, a-BOUT
+    assert [stress[w] for w in ("photograph", "photography", "photographic", "about")] == \
+        ["102", "0100", "2010", "01"]
+    cls = {w: data.PATTERNS[data.stress_class(stress[w])] for w in ("photograph", "photography", "photographic",
+                                                                    "about", "table", "the", "understand")}
+    assert cls == {"photograph": "/xx", "photography": "x/xx", "photographic": "xx/x", "about": "x/",
+                   "table": "/x", "the": "/", "understand": "xx/"}
+    assert data.PATTERNS[data.stress_class("01020")] == "5+" and data.stress_class("1010") is None
+    words = {s: {w for w, _ in data.pattern_words(s)} for s in ("train", "validation", "test")}
+    assert not words["train"] & words["test"] and not words["train"] & words["validation"]
+    assert words["test"] <= set(load_g2p("test"))                     # the G2P split: no test word trained on
+    ids, labels = data.classifier_eval_tensors()
+    assert ids.shape == (len(words["test"]), data.MAX_LETTERS) and len(words["test"]) > 10_000
+    assert data.decode_letters(data.encode_letters("o'clock", 16)) == "o'clock"
+    assert sorted(data.decode_letters(row) for row in ids.tolist()) == sorted(words["test"])
+    assert set(labels.tolist()) == set(range(len(data.PATTERNS)))
+
+
+def test_classifier_baselines_by_hand():
+    assert [metrics.syllable_rule(w) for w in ("cat", "table", "shine", "jumped", "wanted", "boxes", "piano",
+                                               "nation", "made")] == [1, 2, 1, 1, 2, 2, 3, 2, 1]
+    train = [("tion", 1), ("nation", 1), ("station", 1), ("ration", 1), ("motion", 1), ("button", 2)]
+    names = ("/", "/x", "x/", "5+")
+    # lotion: two syllables by the rules, and four training words of two syllables end in "ion"
+    assert metrics.stress_rule_baseline(train, ["lotion", "cotton"], names).tolist() == [1, 1]
+    assert metrics.stress_rule_baseline([("button", 2), ("cotton", 2), ("nation", 1)], ["mutton"], names,
+                                        min_count=2).tolist() == [2]
+    # naive Bayes on letter n-grams: a word made of one class's n-grams gets that class
+    nb = metrics.letter_bayes_baseline([("aaaa", 0), ("aaa", 0), ("bbbb", 1), ("bbb", 1)], ["aa", "bb"], 2)
+    assert nb.tolist() == [0, 1]
 
 
 def test_profile_comes_from_the_environment(monkeypatch):
@@ -75,10 +99,37 @@ def test_profile_comes_from_the_environment(monkeypatch):
 
 def test_thresholds_are_far_better_than_trivial_baselines():
     unigram = metrics.unigram_loss(data.lm_ids("train"), data.lm_ids("test"), data.char_tokenizer().vocab_size)
-    _, train_labels = data.passages("train", 256)
-    majority = metrics.majority_accuracy(train_labels, data.passages("test", 256)[1])
+    majority = metrics.majority_accuracy(data.classifier_tensors("train")[1], data.classifier_eval_tensors()[1])
     for profile in PROFILES.values():
         t = profile.thresholds
         assert t.lm_max_val_loss < unigram - 0.4, profile.name
         assert t.g2p_max_per < 0.7, profile.name
         assert t.cls_min_accuracy > majority + 0.15, profile.name
+
+
+def test_bigram_loss_by_hand():
+    # after 0 always 1, after 1 always 0: counts (0->1) = 2, (1->0) = 2, add-one smoothing over 2 symbols
+    train = torch.tensor([0, 1, 0, 1, 0])
+    assert metrics.bigram_loss(train, torch.tensor([0, 1]), 2) == pytest.approx(-math.log(3 / 4))
+    assert metrics.bigram_loss(train, torch.tensor([0, 0]), 2) == pytest.approx(-math.log(1 / 4))
+
+
+def test_grading_rejects_a_language_model_that_sees_the_future():
+    from course.checks._core import CheckFailed
+    from course.checks.ch07 import _check_trained_causal
+
+    class Model(torch.nn.Module):
+        def __init__(self, causal: bool):
+            super().__init__()
+            self.causal = causal
+
+        def forward(self, ids):                               # (B, T) -> (B, T, 8)
+            x = torch.nn.functional.one_hot(ids % 8, 8).float()
+            # each position: its own token plus the running (causal) or total (non-causal) sum
+            context = x.cumsum(1) if self.causal else x.sum(1, keepdim=True).expand_as(x)
+            return x + context
+
+    ids = torch.arange(100) % 7
+    _check_trained_causal(Model(causal=True), ids, 16, torch.device("cpu"))
+    with pytest.raises(CheckFailed, match="sees the future"):
+        _check_trained_causal(Model(causal=False), ids, 16, torch.device("cpu"))

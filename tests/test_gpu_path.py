@@ -105,7 +105,7 @@ def test_dry_run_checkpoints_have_the_gpu_models_and_score_the_same_again(dry_ru
     cells = {grade_id(c): _text(c) for c in nb.cells if grade_id(c)}
     shown = {"test_loss": r"held-out loss \(nats/char\):? ([\d.]+)",
              "per": r"phoneme error rate on 8 held-out words:? ([\d.]+)",
-             "accuracy": r"held-out genre accuracy:? ([\d.]+)"}
+             "accuracy": r"stress-pattern accuracy on 8 held-out words:? ([\d.]+)"}
     for metric, cell in (("test_loss", "lm_eval"), ("per", "g2p_eval"), ("accuracy", "cls_eval")):
         found = re.search(shown[metric], cells[cell])
         assert found, (cell, cells[cell][:500])
@@ -121,7 +121,7 @@ def test_dry_run_keeps_the_models_and_shrinks_only_the_budget(monkeypatch):
         assert small.steps == 2 and small.batch_size <= 4
     assert (dry.lm.block_size, dry.g2p.beam_size, dry.use_bf16, dry.thresholds) == \
         (gpu.lm.block_size, gpu.g2p.beam_size, gpu.use_bf16, gpu.thresholds)
-    assert dry.lm.eval_tokens == 2 * gpu.lm.block_size and dry.g2p.eval_words == 8 and dry.cls.eval_passages == 8
+    assert dry.lm.eval_tokens == 2 * gpu.lm.block_size and dry.g2p.eval_words == 8 and dry.cls.eval_words == 8
     assert dry.name == "gpu" and dry.dry_run and not gpu.dry_run and dry_run(dry) is dry
     monkeypatch.setenv("COURSE_PROFILE", "gpu")
     monkeypatch.setenv(DRY_RUN_ENV, "1")
@@ -175,11 +175,11 @@ def test_gpu_models_train_and_decode_under_bf16_autocast_on_the_cpu():
     ids = data.lm_ids("test")
     lm = ns["build_lm"](gpu.lm, data.char_tokenizer().vocab_size)
     g2p = ns["build_g2p"](gpu.g2p, len(data.SRC_VOCAB), len(data.TGT_VOCAB))
-    cls = ns["build_classifier"](gpu.cls, data.word_tokenizer(gpu.cls.passage_chars).vocab_size, len(data.GENRES))
+    cls = ns["build_classifier"](gpu.cls, len(data.SRC_VOCAB), len(data.PATTERNS))
     assert {m.p for m in lm.modules() if isinstance(m, torch.nn.Dropout)} == {gpu.lm.dropout}
     pairs = [("cat", ("K", "AE", "T")), ("moon", ("M", "UW", "N")), ("shine", ("SH", "AY", "N"))]
     words = [w for w, _ in pairs]
-    cls_x, cls_y = data.classifier_eval_tensors(gpu.cls.passage_chars, gpu.cls.max_words, 2)
+    cls_x, cls_y = data.classifier_eval_tensors(gpu.cls.max_len, 2)
     runs = [
         (lm, lambda s: data.lm_batch(ids, 1, 24, rng),           # short windows: the block is 256
          lambda m, x, y: F.cross_entropy(m(x).flatten(0, 1).float(), y.flatten()), lm.blocks[-1].qkv),

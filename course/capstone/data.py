@@ -4,8 +4,8 @@ All of it comes from the course's loaders, with their fixed splits:
 
 - language model: characters of Shakespeare's plays (train plays / test plays);
 - grapheme-to-phoneme: CMUdict words split by hash;
-- classifier: which of the six kinds of play a passage comes from, with each play's text
-  cut by position (first 80% train, next 10% validation, last 10% test).
+- classifier: a word's stress pattern (its syllables, and which one carries the primary
+  stress) from its letters, on the same split of CMUdict by word as G2P.
 """
 
 from __future__ import annotations
@@ -15,11 +15,10 @@ from functools import lru_cache
 import torch
 
 from ..data.cmudict import PHONEMES, load_g2p
-from ..data.shakespeare import load_plays, load_shakespeare
+from ..data.shakespeare import load_shakespeare
 
 PAD, BOS, EOS = 0, 1, 2
 SPECIALS = ("<pad>", "<bos>", "<eos>")
-GENRES = ("comedies", "histories", "problems", "roman", "romances", "tragedies")
 
 
 class CharTokenizer:
@@ -125,67 +124,64 @@ def g2p_batch(pairs, batch_size: int, generator: torch.Generator):
 
 # ----------------------------------------------------------------------------- classifier
 
-@lru_cache(maxsize=8)
-def passages(split: str, passage_chars: int) -> tuple[tuple[str, ...], torch.Tensor]:
-    """Non-overlapping passages of each play's region for ``split``, and genre labels (N,)."""
-    bounds = {"train": (0.0, 0.8), "validation": (0.8, 0.9), "test": (0.9, 1.0)}
-    if split not in bounds:
+#: The stress pattern of a word, in scansion marks: one mark per syllable, ``/`` for the one
+#: with the primary stress, ``x`` for the others; every word of five syllables or more is
+#: one class. ``x/`` is an iamb (*a-BOUT*), ``/x`` a trochee (*TA-ble*).
+PATTERNS = ("/", "/x", "x/", "/xx", "x/x", "xx/", "/xxx", "x/xx", "xx/x", "xxx/", "5+")
+MAX_LETTERS = 16                        # the longest word of the dictionary's plain words
+
+
+def stress_class(stress: str) -> int | None:
+    """Class index (into ``PATTERNS``) of a word's stress digits (``"102"`` for *photograph*),
+    or None when a word of two or more syllables has no primary stress or several."""
+    if len(stress) == 1:
+        return 0
+    if len(stress) >= 5:
+        return PATTERNS.index("5+")
+    if stress.count("1") != 1:
+        return None
+    return PATTERNS.index("".join("/" if d == "1" else "x" for d in stress))
+
+
+@lru_cache(maxsize=3)
+def pattern_words(split: str) -> tuple[tuple[str, int], ...]:
+    """(word, class) for the words of a CMUdict split (the G2P split, by word), sorted; the
+    class is that of the word's first listed pronunciation."""
+    from ..data.cmudict import load_stress, split_of
+
+    if split not in ("train", "validation", "test"):
         raise ValueError(f"split must be train, validation or test, not {split!r}")
-    lo, hi = bounds[split]
-    texts, labels = [], []
-    for play in load_plays():
-        region = play.text[int(lo * len(play.text)):int(hi * len(play.text))]
-        for start in range(0, len(region) - passage_chars + 1, passage_chars):
-            texts.append(region[start:start + passage_chars])
-            labels.append(GENRES.index(play.genre))
-    return tuple(texts), torch.tensor(labels, dtype=torch.long)
+    out = []
+    for word, stress in load_stress().items():
+        label = stress_class(stress)
+        if label is not None and split_of(word) == split:
+            out.append((word, label))
+    return tuple(out)
 
 
-class WordTokenizer:
-    """Lower-cased words <-> ids, from the training passages: 0 is PAD, 1 is UNK, then every
-    word seen at least ``min_count`` times, most frequent first (ties alphabetical)."""
-
-    UNK = 1
-
-    def __init__(self, texts, min_count: int = 2, max_words: int = 8000):
-        from collections import Counter
-
-        counts = Counter(w for t in texts for w in self.split(t))
-        kept = sorted((w for w, c in counts.items() if c >= min_count), key=lambda w: (-counts[w], w))
-        self.words = ["<pad>", "<unk>"] + kept[: max_words - 2]
-        self.index = {w: i for i, w in enumerate(self.words)}
-
-    @staticmethod
-    def split(text: str) -> list[str]:
-        return "".join(c.lower() if c.isalpha() or c == "'" else " " for c in text).split()
-
-    @property
-    def vocab_size(self) -> int:
-        return len(self.words)
-
-    def encode(self, text: str, length: int) -> list[int]:
-        """The first ``length`` words as ids, right-padded with PAD."""
-        ids = [self.index.get(w, self.UNK) for w in self.split(text)][:length]
-        return ids + [PAD] * (length - len(ids))
+def encode_letters(word: str, length: int) -> list[int]:
+    """A word's letters as ids of ``SRC_VOCAB`` (no EOS), right-padded with PAD to ``length``."""
+    ids = [_SRC_INDEX[c] for c in word][:length]
+    return ids + [PAD] * (length - len(ids))
 
 
-@lru_cache(maxsize=4)
-def word_tokenizer(passage_chars: int) -> WordTokenizer:
-    return WordTokenizer(passages("train", passage_chars)[0])
+def decode_letters(ids) -> str:
+    """Letter ids -> the word (PAD and the other special ids skipped)."""
+    return "".join(SRC_VOCAB[int(i)] for i in ids if int(i) > EOS)
 
 
-def classifier_tensors(split: str, passage_chars: int, max_words: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Passages of a split as word ids (N, max_words), PAD-padded, and genre labels (N,)."""
-    texts, labels = passages(split, passage_chars)
-    tok = word_tokenizer(passage_chars)
-    return torch.tensor([tok.encode(t, max_words) for t in texts], dtype=torch.long), labels
+@lru_cache(maxsize=8)
+def classifier_tensors(split: str, max_len: int = MAX_LETTERS) -> tuple[torch.Tensor, torch.Tensor]:
+    """The words of a split as letter ids (N, max_len), PAD-padded, and pattern classes (N,)."""
+    pairs = pattern_words(split)
+    return (torch.tensor([encode_letters(w, max_len) for w, _ in pairs], dtype=torch.long),
+            torch.tensor([y for _, y in pairs], dtype=torch.long))
 
 
-def classifier_eval_tensors(passage_chars: int, max_words: int,
-                            n: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """The held-out passages the classifier is scored on: every test passage, or ``n`` of
-    them spread evenly over the test plays (a dry run's few items)."""
-    ids, labels = classifier_tensors("test", passage_chars, max_words)
+def classifier_eval_tensors(max_len: int = MAX_LETTERS, n: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The held-out words the classifier is scored on: every test word, or ``n`` of them spread
+    evenly over the (alphabetical) test words (a dry run's few items)."""
+    ids, labels = classifier_tensors("test", max_len)
     if n is None or n >= len(ids):
         return ids, labels
     pick = torch.linspace(0, len(ids) - 1, n).long()

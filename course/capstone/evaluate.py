@@ -47,10 +47,8 @@ def evaluate(path: Path) -> dict[str, float]:
         per, wer = metrics.g2p_error_rates(preds, test)
         return {"per": per, "wer": wer}
     if task == "cls":
-        model = rebuild(ckpt, {"vocab_size": data.word_tokenizer(profile.cls.passage_chars).vocab_size,
-                               "n_classes": len(data.GENRES)})
-        ids, labels = data.classifier_eval_tensors(profile.cls.passage_chars, profile.cls.max_words,
-                                                   profile.cls.eval_passages)
+        model = rebuild(ckpt, {"vocab_size": len(data.SRC_VOCAB), "n_classes": len(data.PATTERNS)})
+        ids, labels = data.classifier_eval_tensors(profile.cls.max_len, profile.cls.eval_words)
         with torch.no_grad():
             predicted = torch.cat([model(ids[i:i + 256]).argmax(-1) for i in range(0, len(ids), 256)])
         return {"accuracy": metrics.accuracy(predicted, labels)}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 from typing import Callable, Sequence
 
@@ -34,6 +35,16 @@ def unigram_loss(train_ids: torch.Tensor, eval_ids: torch.Tensor, vocab_size: in
     counts = torch.bincount(train_ids, minlength=vocab_size).double() + 1.0
     logp = (counts / counts.sum()).log()
     return float(-logp[eval_ids].mean())
+
+
+def bigram_loss(train_ids: torch.Tensor, eval_ids: torch.Tensor, vocab_size: int) -> float:
+    """The loss of predicting each character from the one before it alone, with the counts of
+    ``train_ids`` (add-one smoothing): the best any model that sees one character of context
+    can do, up to the smoothing."""
+    pairs = train_ids[:-1] * vocab_size + train_ids[1:]
+    counts = torch.bincount(pairs, minlength=vocab_size * vocab_size).double().view(vocab_size, vocab_size) + 1.0
+    logp = (counts / counts.sum(1, keepdim=True)).log()
+    return float(-logp[eval_ids[:-1], eval_ids[1:]].mean())
 
 
 def edit_distance(a: Sequence, b: Sequence) -> int:
@@ -81,25 +92,71 @@ def confusion_matrix(predicted: torch.Tensor, labels: torch.Tensor, n_classes: i
     return m
 
 
-def word_bag_baseline(train_texts, train_labels, eval_texts, n_classes: int) -> torch.Tensor:
-    """Multinomial naive Bayes over lower-cased words: a simple non-transformer baseline.
-    Returns predicted labels for ``eval_texts``."""
-    def words(t: str) -> list[str]:
-        return "".join(c.lower() if c.isalpha() else " " for c in t).split()
+def syllable_rule(word: str) -> int:
+    """Syllables of a written word by hand-written rules (no learning): one per run of vowel
+    letters (``y`` included), less a silent final ``e`` (not ``-le`` after a consonant), a
+    silent ``-ed`` (not after ``t`` or ``d``) and a silent ``-es`` (not after a sibilant), plus
+    one for each pair of vowel letters that usually stand for two vowels (``ia`` and ``io``
+    except after ``t``, ``c``, ``s``, ``g`` or ``x``; ``eo``, ``ua``, ``uo``, ``iu``). At least one."""
+    n = len(re.findall(r"[aeiouy]+", word))
+    if n > 1 and word.endswith("e") and not re.search(r"[^aeiouy]le$", word):
+        n -= 1
+    if n > 1 and re.search(r"[^aeiouytd]ed$", word):
+        n -= 1
+    if n > 1 and re.search(r"[^aeiouy]es$", word) and not re.search(r"(ch|sh|[sxzc])es$", word):
+        n -= 1
+    n += len(re.findall(r"(?<![tcsgx])(ia|io)|eo|ua|uo|iu", word))   # not -tion, -cial, -sion, -gion
+    return max(n, 1)
 
-    vocab: dict[str, int] = {}
-    for t in train_texts:
-        for w in words(t):
-            vocab.setdefault(w, len(vocab))
-    counts = torch.ones(n_classes, len(vocab) + 1, dtype=torch.float64)  # add-one smoothing; last = unknown
-    for t, y in zip(train_texts, train_labels.tolist()):
-        for w in words(t):
-            counts[y, vocab[w]] += 1
-    log_like = (counts / counts.sum(1, keepdim=True)).log()
-    prior = torch.bincount(train_labels, minlength=n_classes).double().add(1).log()
+
+def stress_rule_baseline(train: Sequence[tuple[str, int]], eval_words: Sequence[str], patterns: Sequence[str],
+                         suffix: int = 3, min_count: int = 3) -> torch.Tensor:
+    """The strongest simple baseline we found for stress patterns (no neural network): the
+    syllable count from :func:`syllable_rule`, then the pattern seen most often in training
+    among words of that count ending in the same ``suffix`` letters (at least ``min_count`` of
+    them), else among all words of that count (``suffix=0``: always the latter). ``train`` holds (word, class) pairs,
+    ``patterns`` the class names (``"/x"``, ..., ``"5+"``). Returns predicted classes."""
+    def count_of(label: int) -> int:
+        name = patterns[label]
+        return 5 if name.endswith("+") else len(name)
+
+    by_count: dict[int, Counter] = {}
+    by_suffix: dict[tuple[int, str], Counter] = {}
+    for word, label in train:
+        n = min(syllable_rule(word), 5)
+        by_count.setdefault(n, Counter())[label] += 1
+        if suffix:
+            by_suffix.setdefault((n, word[-suffix:]), Counter())[label] += 1
+    fallback = {n: Counter(y for w, y in train if count_of(y) == n) for n in range(1, 6)}
     preds = []
-    for t in eval_texts:
-        idx = [vocab.get(w, len(vocab)) for w in words(t)]
-        preds.append(int((prior + log_like[:, idx].sum(1)).argmax()))
+    for word in eval_words:
+        n = min(syllable_rule(word), 5)
+        votes = by_suffix.get((n, word[-suffix:])) if suffix else None
+        if not votes or sum(votes.values()) < min_count:
+            votes = by_count.get(n) or fallback[n]
+        preds.append(votes.most_common(1)[0][0])
     return torch.tensor(preds)
 
+
+def letter_bayes_baseline(train: Sequence[tuple[str, int]], eval_words: Sequence[str], n_classes: int,
+                          max_n: int = 5) -> torch.Tensor:
+    """Multinomial naive Bayes over the letter n-grams (1 to ``max_n``, with ``^`` and ``$``
+    marking the word's ends) of each word: a bag of n-grams that ignores where they occur.
+    Returns predicted classes for ``eval_words``."""
+    def grams(word: str) -> list[str]:
+        s = "^" + word + "$"
+        return [s[i:i + k] for k in range(1, max_n + 1) for i in range(len(s) - k + 1)]
+
+    vocab: dict[str, int] = {}
+    for word, _ in train:
+        for g in grams(word):
+            vocab.setdefault(g, len(vocab))
+    counts = torch.ones(n_classes, len(vocab) + 1, dtype=torch.float64)   # add-one; last = unseen
+    labels = torch.tensor([y for _, y in train])
+    for word, label in train:
+        for g in grams(word):
+            counts[label, vocab[g]] += 1
+    log_like = (counts / counts.sum(1, keepdim=True)).log()
+    prior = torch.bincount(labels, minlength=n_classes).double().add(1).log()
+    return torch.tensor([int((prior + log_like[:, [vocab.get(g, len(vocab)) for g in grams(w)]].sum(1)).argmax())
+                         for w in eval_words])

@@ -33,8 +33,8 @@ TINY_LM = LMConfig(d_model=32, n_layers=2, n_heads=4, block_size=16, batch_size=
 # d_model 48: the positional table (max_len 32 rows) is then the only parameter of shape (32, 48)
 TINY_S2S = Seq2SeqConfig(d_model=48, n_layers=2, n_heads=4, batch_size=4, steps=1, lr=1e-3, warmup_steps=1)
 S2S_MAX_LEN = 32                     # Seq2Seq's default max_len
-TINY_CLS = ClassifierConfig(d_model=32, n_layers=2, n_heads=4, passage_chars=64, max_words=12, batch_size=4,
-                            steps=1, lr=1e-3, warmup_steps=1)
+TINY_CLS = ClassifierConfig(d_model=32, n_layers=2, n_heads=4, batch_size=4, steps=1, lr=1e-3, warmup_steps=1,
+                            max_len=12)
 
 
 def _tied(model: nn.Module) -> bool:
@@ -869,16 +869,16 @@ def check_classifier(build_classifier, Block, hidden: bool = False) -> None:
 def _check_classifier(build_classifier, hidden: bool) -> None:
     rng = hidden_rng("classifier")
     torch.manual_seed(111 if not hidden else hidden_seed("classifier/init"))
-    vocab, n_classes = (40, 6) if not hidden else (rng.choice([v for v in range(10, 61) if v != TINY_CLS.max_words]),
+    vocab, n_classes = (40, 6) if not hidden else (rng.choice([v for v in range(10, 61) if v != TINY_CLS.max_len]),
                                                    rng.randrange(2, 9))
     model = call(build_classifier, TINY_CLS, vocab, n_classes, name="build_classifier").eval()
     g = generator(112) if not hidden else hidden_generator("classifier")
     # n + 2 < max_words: the two inputs below differ in their number of PAD tokens.
-    B, n = (3, 8) if not hidden else (rng.randrange(1, 5), rng.randrange(3, TINY_CLS.max_words - 2))
+    B, n = (3, 8) if not hidden else (rng.randrange(1, 5), rng.randrange(3, TINY_CLS.max_len - 2))
     ids = torch.randint(2, vocab, (B, n), generator=g)
     if hidden and ids[0, 0] == ids[0, -1]:
         ids[0, -1] = (ids[0, 0] - 2 + 1) % (vocab - 2) + 2   # so that reversing the words changes them
-    padded = torch.cat([ids, torch.zeros(B, TINY_CLS.max_words - n, dtype=torch.long)], dim=1)
+    padded = torch.cat([ids, torch.zeros(B, TINY_CLS.max_len - n, dtype=torch.long)], dim=1)
     with torch.no_grad():
         logits = call(model, padded, name="EncoderClassifier.forward")
         expect_tensor(logits, (B, n_classes), "classifier logits")
@@ -890,7 +890,7 @@ def _check_classifier(build_classifier, hidden: bool) -> None:
         shuffled = model(torch.cat([ids.flip(1), padded[:, n:]], dim=1))
     expect((shuffled - logits).abs().max() > 1e-4, "reversing the words left the logits unchanged.",
            "add positional embeddings: without them the encoder cannot see word order.")
-    state, names = _position_tables(model, TINY_CLS.max_words, TINY_CLS.d_model)
+    state, names = _position_tables(model, TINY_CLS.max_len, TINY_CLS.d_model)
     if names:
         moved = _shifted_logits(model, state, names, (padded,), 2.0 if not hidden else rng.uniform(1.0, 3.0))
         expect(same(moved, logits, atol=1e-4),
@@ -915,14 +915,14 @@ def _check_pooling(build_classifier, vocab: int, n_classes: int, hidden: bool, r
     flat = call(build_classifier, dataclasses.replace(TINY_CLS, n_layers=0), vocab, n_classes,
                 name="build_classifier").eval()
     g = generator(114) if not hidden else hidden_generator("classifier/pooling")
-    n = 5 if not hidden else rng.randrange(3, TINY_CLS.max_words - 1)
+    n = 5 if not hidden else rng.randrange(3, TINY_CLS.max_len - 1)
     a, b = (torch.randperm(vocab - 2, generator=g)[:2] + 2).tolist()
     rest = torch.randint(2, vocab, (n - 1,), generator=g)
     later = rest.clone()
     later[-1] = (later[-1] - 2 + 1) % (vocab - 2) + 2
 
     def row(words):
-        return list(words) + [data.PAD] * (TINY_CLS.max_words - len(words))
+        return list(words) + [data.PAD] * (TINY_CLS.max_len - len(words))
 
     batch = torch.tensor([row([a] + rest.tolist()), row([b] + rest.tolist()), row([a]), row([b]),
                           row([a] + later.tolist())])
@@ -960,11 +960,26 @@ def _trained(model, exercises: str):
     return model
 
 
+def _check_trained_causal(model, ids: torch.Tensor, block_size: int, device) -> None:
+    """A held-out loss means something only for a model that cannot see the next character:
+    changing the second half of a window must leave the first half's logits unchanged."""
+    T = min(block_size, len(ids) - 1)
+    x = ids[:T].to(device)[None]
+    y = x.clone()
+    y[0, T // 2:] = ids[T:T + (T - T // 2)].to(device)       # other real text in the second half
+    with torch.no_grad():
+        a, b = model(x).float()[0, :T // 2], model(y).float()[0, :T // 2]
+    expect(same(a, b, atol=1e-3), "the trained model's logits at the first positions changed when only later "
+           "characters changed: it sees the future, so its held-out loss says nothing.",
+           "the language model's blocks must be causal (Block(..., causal=True)): check the mask in exercise 1.")
+
+
 def grade_lm(model, generate) -> None:
     model = _trained(model, "0-3")
     profile, device = current_profile(), get_device()
     cfg = profile.lm
-    model = model.to(device)
+    model = model.to(device).eval()
+    _check_trained_causal(model, data.lm_ids("test"), cfg.block_size, device)
     loss = metrics.lm_loss(model, data.lm_ids("test"), cfg.block_size, cfg.eval_tokens, device)
     tok = data.char_tokenizer()
     base = metrics.unigram_loss(data.lm_ids("train"), data.lm_ids("test"), tok.vocab_size)
@@ -1023,13 +1038,15 @@ def grade_classifier(model) -> None:
     model = _trained(model, "0-2 and 6")
     profile, device = current_profile(), get_device()
     cfg = profile.cls
-    ids, labels = data.classifier_eval_tensors(cfg.passage_chars, cfg.max_words, cfg.eval_passages)
+    ids, labels = data.classifier_eval_tensors(cfg.max_len, cfg.eval_words)
     predicted = classifier_predictions(model, ids, device)
     acc = metrics.accuracy(predicted, labels)
-    train_texts, train_labels = data.passages("train", cfg.passage_chars)
+    train_labels = data.classifier_tensors("train", cfg.max_len)[1]
     majority = metrics.majority_accuracy(train_labels, labels)
-    print("confusion matrix (rows: true genre, columns: predicted):", data.GENRES)
-    print(metrics.confusion_matrix(predicted, labels, len(data.GENRES)))
+    words = [data.decode_letters(row) for row in ids.tolist()]
+    rules = metrics.accuracy(metrics.stress_rule_baseline(data.pattern_words("train"), words, data.PATTERNS), labels)
+    print("confusion matrix (rows: true pattern, columns: predicted):", " ".join(data.PATTERNS))
+    print(metrics.confusion_matrix(predicted, labels, len(data.PATTERNS)))
     print(f"saved {save_checkpoint(model, 'cls', profile.name, CHECKPOINTS / 'cls.pt', dry_run=profile.dry_run)}")
-    _result("held-out genre accuracy", acc, profile.thresholds.cls_min_accuracy, "higher",
-            f"majority class {majority:.3f}")
+    _result(f"stress-pattern accuracy on {len(labels):,} held-out words", acc, profile.thresholds.cls_min_accuracy,
+            "higher", f"majority class {majority:.3f}; syllable rules with a suffix table {rules:.3f}")

@@ -55,6 +55,25 @@ def load_pronunciations() -> dict[str, tuple[Pronunciation, ...]]:
     return {w: tuple(p) for w, p in sorted(entries.items())}
 
 
+@lru_cache(maxsize=1)
+def load_stress() -> dict[str, str]:
+    """word -> the stress digits of its first listed pronunciation, one per vowel (``"10"`` for
+    *table*: primary stress, then none; ``2`` marks secondary stress), for the same plain words
+    as :func:`load_pronunciations`. Words whose first pronunciation has no vowel are left out."""
+    stress: dict[str, str] = {}
+    for line in dict_path().read_text(encoding="utf-8").splitlines():
+        line = line.split("#", 1)[0].strip()
+        if not line:
+            continue
+        head, *phones = line.split()
+        if head.endswith(")") or not _WORD.match(head) or head.endswith("'"):
+            continue                      # "word(2)": not the first pronunciation
+        digits = "".join(p[-1] for p in phones if p[-1].isdigit())
+        if digits:
+            stress[head] = digits
+    return dict(sorted(stress.items()))
+
+
 def load_g2p(split: str) -> dict[str, tuple[Pronunciation, ...]]:
     """The words of one split (``train``, ``validation``, ``test``) with all their pronunciations."""
     if split not in ("train", "validation", "test"):

@@ -163,11 +163,11 @@ def print_lm_comparison(rows: list[dict]) -> None:
     # nanoGPT's wall time on this machine, scaled by the reference at its sizes measured here
     scale = statistics.median(r["seconds"] for r in same) / pub["reference_same_size_seconds"]
     print("\nlanguage model beside nanoGPT's CPU recipe (test loss over both test plays, metrics.lm_loss):")
-    print(f"  {'model':<44}{'tokens':>8}{'wall s':>8}{'test loss':>11}")
-    print(f"  {'nanoGPT recipe (issue 15, scaled to this machine)':<44}{1.54:>7.2f}M"
+    print(f"  {'model':<50}{'tokens':>8}{'wall s':>8}{'test loss':>11}")
+    print(f"  {'nanoGPT recipe (issue 15, scaled to this machine)':<50}{1.54:>7.2f}M"
           f"{pub['seconds'] * scale:>8.0f}{pub['loss']:>11.3f}")
     for name, group in (("reference at nanoGPT's sizes (this run)", same), ("reference, profile (this run)", ref)):
-        print(f"  {name:<44}{group[0]['tokens'] / 1e6:>7.2f}M{statistics.median(r['seconds'] for r in group):>8.0f}"
+        print(f"  {name:<50}{group[0]['tokens'] / 1e6:>7.2f}M{statistics.median(r['seconds'] for r in group):>8.0f}"
               f"{statistics.median(r['metric'] for r in group):>11.3f}")
     print(f"  nanoGPT's 107 s scaled by this run's reference at its sizes ({scale:.2f} x the 76 s of issue 15)")
 

@@ -113,7 +113,7 @@ PROFILES: dict[str, Profile] = {
                           min_lr=3e-4),
         cls=ClassifierConfig(d_model=128, n_layers=2, n_heads=4, batch_size=128, steps=1500, lr=3e-3,
                              warmup_steps=150, min_lr=3e-4),
-        thresholds=Thresholds(lm_max_val_loss=2.13, g2p_max_per=0.24, g2p_max_wer=0.63, cls_min_accuracy=0.72),
+        thresholds=Thresholds(lm_max_val_loss=1.80, g2p_max_per=0.16, g2p_max_wer=0.54, cls_min_accuracy=0.74),
     ),
     "gpu": Profile(
         name="gpu",
@@ -126,7 +126,7 @@ PROFILES: dict[str, Profile] = {
                              warmup_steps=200, min_lr=1e-4, dropout=0.1),
         # Not yet measured on a GPU: until a GPU session measures this profile, its marks are the
         # cpu profile's, which its larger budget must at least reach (benchmarks/capstone_thresholds.md).
-        thresholds=Thresholds(lm_max_val_loss=2.13, g2p_max_per=0.24, g2p_max_wer=0.63, cls_min_accuracy=0.72),
+        thresholds=Thresholds(lm_max_val_loss=1.80, g2p_max_per=0.16, g2p_max_wer=0.54, cls_min_accuracy=0.74),
         use_bf16=True,
     ),
 }

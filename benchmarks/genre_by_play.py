@@ -59,24 +59,6 @@ def letters_only(text: str) -> list[str]:
     return "".join(c.lower() if c.isalpha() else " " for c in text).split()
 
 
-def naive_bayes(train_texts, train_labels, test_texts, words=letters_only):
-    """Multinomial naive Bayes over lower-cased words, add-one smoothing."""
-    import torch
-
-    vocab: dict[str, int] = {}
-    for t in train_texts:
-        for w in words(t):
-            vocab.setdefault(w, len(vocab))
-    counts = torch.ones(len(KINDS), len(vocab) + 1, dtype=torch.float64)
-    for t, y in zip(train_texts, train_labels):
-        for w in words(t):
-            counts[y, vocab[w]] += 1
-    log_like = (counts / counts.sum(1, keepdim=True)).log()
-    prior = torch.bincount(torch.tensor(train_labels), minlength=len(KINDS)).double().add(1).log()
-    return [int((prior + log_like[:, [vocab.get(w, len(vocab)) for w in words(t)]].sum(1)).argmax())
-            for t in test_texts]
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
@@ -87,6 +69,7 @@ def main() -> int:
     import torch.nn.functional as F
 
     from autograder.extract import solution_namespace
+    from course.capstone import metrics
     from course.capstone.profiles import ClassifierConfig
 
     train_texts, train_labels, test_texts, test_labels = passages()
@@ -96,7 +79,9 @@ def main() -> int:
     acc = lambda pred: float((torch.as_tensor(pred) == y_test).float().mean())
     majority = Counter(train_labels).most_common(1)[0][0]
     rows = [("majority class", acc([majority] * len(test_texts))),
-            ("naive Bayes over words", acc(naive_bayes(train_texts, train_labels, test_texts)))]
+            ("naive Bayes over words", acc(metrics.naive_bayes(
+                [(letters_only(t), y) for t, y in zip(train_texts, train_labels)],
+                [letters_only(t) for t in test_texts], len(KINDS))))]
     counts = Counter(w for t in train_texts for w in words(t))
     index = {w: i + 2 for i, w in enumerate(sorted((w for w, c in counts.items() if c >= 2),
                                                    key=lambda w: (-counts[w], w))[:7998])}

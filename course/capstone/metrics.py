@@ -138,25 +138,31 @@ def stress_rule_baseline(train: Sequence[tuple[str, int]], eval_words: Sequence[
     return torch.tensor(preds)
 
 
+def naive_bayes(train: Sequence[tuple[Sequence[str], int]], eval_items: Sequence[Sequence[str]],
+                n_classes: int) -> torch.Tensor:
+    """Multinomial naive Bayes with add-one smoothing: ``train`` holds (tokens, class) pairs,
+    ``eval_items`` the tokens of each item to classify. Returns predicted classes."""
+    vocab: dict[str, int] = {}
+    for tokens, _ in train:
+        for t in tokens:
+            vocab.setdefault(t, len(vocab))
+    counts = torch.ones(n_classes, len(vocab) + 1, dtype=torch.float64)   # add-one; last = unseen
+    for tokens, label in train:
+        for t in tokens:
+            counts[label, vocab[t]] += 1
+    log_like = (counts / counts.sum(1, keepdim=True)).log()
+    prior = torch.bincount(torch.tensor([y for _, y in train]), minlength=n_classes).double().add(1).log()
+    return torch.tensor([int((prior + log_like[:, [vocab.get(t, len(vocab)) for t in tokens]].sum(1)).argmax())
+                         for tokens in eval_items])
+
+
 def letter_bayes_baseline(train: Sequence[tuple[str, int]], eval_words: Sequence[str], n_classes: int,
                           max_n: int = 5) -> torch.Tensor:
-    """Multinomial naive Bayes over the letter n-grams (1 to ``max_n``, with ``^`` and ``$``
-    marking the word's ends) of each word: a bag of n-grams that ignores where they occur.
-    Returns predicted classes for ``eval_words``."""
+    """:func:`naive_bayes` over the letter n-grams (1 to ``max_n``, with ``^`` and ``$`` marking
+    the word's ends) of each word: a bag of n-grams that ignores where they occur. Returns
+    predicted classes for ``eval_words``."""
     def grams(word: str) -> list[str]:
         s = "^" + word + "$"
         return [s[i:i + k] for k in range(1, max_n + 1) for i in range(len(s) - k + 1)]
 
-    vocab: dict[str, int] = {}
-    for word, _ in train:
-        for g in grams(word):
-            vocab.setdefault(g, len(vocab))
-    counts = torch.ones(n_classes, len(vocab) + 1, dtype=torch.float64)   # add-one; last = unseen
-    labels = torch.tensor([y for _, y in train])
-    for word, label in train:
-        for g in grams(word):
-            counts[label, vocab[g]] += 1
-    log_like = (counts / counts.sum(1, keepdim=True)).log()
-    prior = torch.bincount(labels, minlength=n_classes).double().add(1).log()
-    return torch.tensor([int((prior + log_like[:, [vocab.get(g, len(vocab)) for g in grams(w)]].sum(1)).argmax())
-                         for w in eval_words])
+    return naive_bayes([(grams(w), y) for w, y in train], [grams(w) for w in eval_words], n_classes)

@@ -37,15 +37,21 @@ def split_of(word: str) -> str:
     return "train" if bucket < 80 else "validation" if bucket < 90 else "test"
 
 
+def _entries():
+    """(head, phones) of every entry line of the dictionary, comments dropped; ``head`` keeps
+    its ``(2)`` for alternative pronunciations."""
+    for line in dict_path().read_text(encoding="utf-8").splitlines():
+        line = line.split("#", 1)[0].strip()
+        if line:
+            head, *phones = line.split()
+            yield head, phones
+
+
 @lru_cache(maxsize=1)
 def load_pronunciations() -> dict[str, tuple[Pronunciation, ...]]:
     """word -> its pronunciations (stress removed), for every plain word in the dictionary."""
     entries: dict[str, list[Pronunciation]] = {}
-    for line in dict_path().read_text(encoding="utf-8").splitlines():
-        line = line.split("#", 1)[0].strip()
-        if not line:
-            continue
-        head, *phones = line.split()
+    for head, phones in _entries():
         word = re.sub(r"\(\d+\)$", "", head)
         if not _WORD.match(word) or word.endswith("'"):
             continue
@@ -61,11 +67,7 @@ def load_stress() -> dict[str, str]:
     *table*: primary stress, then none; ``2`` marks secondary stress), for the same plain words
     as :func:`load_pronunciations`. Words whose first pronunciation has no vowel are left out."""
     stress: dict[str, str] = {}
-    for line in dict_path().read_text(encoding="utf-8").splitlines():
-        line = line.split("#", 1)[0].strip()
-        if not line:
-            continue
-        head, *phones = line.split()
+    for head, phones in _entries():
         if head.endswith(")") or not _WORD.match(head) or head.endswith("'"):
             continue                      # "word(2)": not the first pronunciation
         digits = "".join(p[-1] for p in phones if p[-1].isdigit())

@@ -60,6 +60,19 @@ class Mistake:
         return {**answers, self.cell: source.replace(self.old, self.new, 1)}
 
 
+@dataclass(frozen=True)
+class TwoMistakes(Mistake):
+    """A wrong answer in two cells: ``old2`` replaced by ``new2`` in ``cell2`` as well."""
+
+    cell2: str = ""
+    old2: str = ""
+    new2: str = ""
+
+    def apply(self, answers: dict[str, str]) -> dict[str, str]:
+        answers = super().apply(answers)
+        return Mistake(self.name, self.cell2, self.old2, self.new2, self.failing, self.hint).apply(answers)
+
+
 def write_notebook(nb, path: Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     nbformat.write(nb, path)

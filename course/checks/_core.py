@@ -230,10 +230,13 @@ def earlier_first(*earlier: tuple[str, Callable[[], None]]) -> Iterator[None]:
     ``earlier`` holds ``(what, run_check)`` pairs, for example ``("train_bpe calls your
     get_pair_counts and merge_pair, which fail exercise 1's tests", lambda: ...)``. When the
     block fails and one of these checks fails too, the hint says to fix that exercise first
-    and quotes its own hint; a stub (NotImplementedError) of the earlier answer is ignored."""
+    and quotes its own hint; a stub (NotImplementedError) of the earlier answer is ignored, and
+    so is a failure marked with ``own_fault`` (one no earlier answer can have caused)."""
     try:
         yield
     except CheckFailed as err:
+        if getattr(err, "own", False):
+            raise
         for what, run_check in earlier:
             try:
                 run_check()
@@ -244,4 +247,15 @@ def earlier_first(*earlier: tuple[str, Callable[[], None]]) -> Iterator[None]:
                 inner_hint = str(inner).split("\nLikely mistake: ", 1)[-1]
                 raise CheckFailed(f"{found}\nLikely mistake: {what}: fix that exercise first. "
                                   f"Its test says: {inner_hint}") from err
+        raise
+
+
+@contextlib.contextmanager
+def own_fault() -> Iterator[None]:
+    """Mark failures in this block as the exercise's own: its inputs were checked before it
+    (or it calls no earlier answer), so ``earlier_first`` must not blame an earlier exercise."""
+    try:
+        yield
+    except CheckFailed as err:
+        err.own = True
         raise

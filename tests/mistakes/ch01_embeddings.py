@@ -1,6 +1,6 @@
 """Chapter 1: common mistakes, each of which must lose points and get its own hint."""
 
-from notebook_tools import Mistake
+from notebook_tools import Mistake, TwoMistakes
 
 MISTAKES = [
     Mistake("merge_overlapping", "ex1_answer",
@@ -93,7 +93,7 @@ MISTAKES = [
             e2e=False),
     Mistake("scaled_after_embedding_shortcut", "ex4_answer", "return self.weight[ids]",
             "return nn.functional.embedding(ids, self.weight)",
-            ("ex5_visible", "ex5_hidden"), "ScaledEmbedding extends your Embedding, which fails exercise 4's tests",
+            ("ex5_visible", "ex5_hidden"), "ScaledEmbedding extends your Embedding, whose lookup fails exercise 4's tests",
             e2e=False),
     Mistake("embedding_backward_assigns", "ex4_answer",
             "    grad.index_add_(0, ids.reshape(-1), grad_output.reshape(-1, d_model))",
@@ -148,4 +148,41 @@ MISTAKES = [
             ("ex3_visible", "ex3_hidden"), "it worked on the training text but not on this one", e2e=False),
     Mistake("embedding_detached", "ex4_answer", "return self.weight[ids]", "return self.weight.detach()[ids]",
             ("ex4_visible", "ex4_hidden"), "do not detach or copy the table in forward", e2e=False),
+    # Found by an honest attempt: pruning at <= 0 hides a double subtraction unless the pair
+    # between two neighbouring occurrences also occurs elsewhere.
+    Mistake("counts_subtract_per_occurrence_pruned", "ex1_answer",
+            "    for i in range(len(ids) - 1):                 # pairs that overlap a merge disappear\n"
+            "        if i in covered or i + 1 in covered:\n"
+            "            old = (ids[i], ids[i + 1])\n"
+            "            counts[old] -= 1\n"
+            "            if counts[old] == 0:\n"
+            "                del counts[old]\n",
+            "    for i in sorted(covered)[::2]:                # each occurrence: left, itself, right\n"
+            "        left = [(ids[i - 1], ids[i])] if i > 0 else []\n"
+            "        right = [(ids[i + 1], ids[i + 2])] if i + 2 < len(ids) else []\n"
+            "        for old in left + [pair] + right:\n"
+            "            counts[old] = counts.get(old, 0) - 1\n"
+            "            if counts[old] <= 0:\n"
+            "                del counts[old]\n",
+            ("ex1_visible", "ex1_hidden"), "two merged occurrences can be neighbours", e2e=False),
+    Mistake("ties_to_the_larger_pair", "ex2_answer", "pair = max(counts, key=counts.get)",
+            "pair = max(counts, key=lambda p: (counts[p], p))",
+            ("ex2_visible", "ex2_hidden"), "ties must go to the pair seen first", e2e=False),
+    # A wrong earlier answer must not take the blame for a bug of this exercise's own.
+    TwoMistakes("decode_per_token_while_counts_keep_zeros", "ex3_answer",
+                'return b"".join(vocab[i] for i in ids).decode("utf-8", errors="replace")',
+                'return "".join(vocab[i].decode("utf-8", errors="replace") for i in ids)',
+                ("ex3_visible", "ex3_hidden"), "join the bytes of all tokens first", e2e=False,
+                cell2="ex1_answer", old2="            if counts[old] == 0:\n                del counts[old]\n",
+                new2=""),
+    TwoMistakes("scale_by_vocab_while_embedding_std_one", "ex5_answer", "math.sqrt(self.weight.shape[1])",
+                "math.sqrt(self.weight.shape[0])", ("ex5_visible", "ex5_hidden"), "not sqrt(vocab_size)",
+                e2e=False, cell2="ex4_answer", old2="nn.init.normal_(self.weight, mean=0.0, std=0.02)",
+                new2="nn.init.normal_(self.weight, mean=0.0, std=1.0)"),
+    Mistake("gpt2_untied_head_with_bias", "ex7_answer",
+            "return total if tied else total + vocab_size * d",
+            "return total if tied else total + vocab_size * d + vocab_size",
+            ("ex7_visible", "ex7_hidden"), "the untied output layer has no bias", e2e=False),
+    Mistake("patchify_column_major", "ex8_answer", "x.permute(0, 2, 4, 1, 3, 5)", "x.permute(0, 4, 2, 1, 3, 5)",
+            ("ex8_visible", "ex8_hidden"), "the patches come column by column", e2e=False),
 ]

@@ -1,21 +1,6 @@
 """Chapter 2: common mistakes, each of which must lose points and get its own hint."""
 
-from dataclasses import dataclass
-
-from notebook_tools import Mistake
-
-
-@dataclass(frozen=True)
-class TwoMistakes(Mistake):
-    """A wrong answer in two cells: ``old2`` replaced by ``new2`` in ``cell2`` as well."""
-
-    cell2: str = ""
-    old2: str = ""
-    new2: str = ""
-
-    def apply(self, answers: dict[str, str]) -> dict[str, str]:
-        answers = super().apply(answers)
-        return Mistake(self.name, self.cell2, self.old2, self.new2, self.failing, self.hint).apply(answers)
+from notebook_tools import Mistake, TwoMistakes
 
 EX1 = ("ex1_visible", "ex1_hidden")
 EX2 = ("ex2_visible", "ex2_hidden")

@@ -20,7 +20,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ._core import call, expect, expect_tensor, fail, forbid, generator
+from ._core import call, earlier_first, expect, expect_tensor, fail, forbid, generator
 from ._core import one_thread as _one_thread, same as _same
 from ._hidden import hidden_generator, hidden_rng, hidden_seed
 
@@ -99,35 +99,61 @@ def _activation_inputs(g: torch.Generator, hidden: bool) -> list[torch.Tensor]:
 # ----------------------------------------------------------------------------- exercise 1
 
 
+_KEEP_DTYPE = ("keep the input's dtype: build constants with math (floats), not float32 tensors, and do not "
+               "convert the input with .float() without converting the result back.")
+_ACTIVATION_REFERENCES = {"gelu": lambda x: F.gelu(x), "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"),
+                          "silu": F.silu}
+
+
 @_one_thread
 def check_activations(gelu, gelu_tanh, silu, hidden: bool = False) -> None:
+    _check_activations({"gelu": gelu, "gelu_tanh": gelu_tanh, "silu": silu}, hidden)
+
+
+def _check_activations(functions: dict[str, Callable], hidden: bool) -> None:
+    """Each of ``functions`` (named as in _ACTIVATION_REFERENCES) against PyTorch's, in float32
+    and in reduced precision (bfloat16 visible; bfloat16 and float16 hidden)."""
     g = generator(401) if not hidden else hidden_generator("activations")
-    refs = {"gelu": (gelu, lambda x: F.gelu(x)), "gelu_tanh": (gelu_tanh, lambda x: F.gelu(x, approximate="tanh")),
-            "silu": (silu, F.silu)}
     for x in _activation_inputs(g, hidden):
-        for name, (fn, ref) in refs.items():
+        for name, fn in functions.items():
             with forbid(*_ACTIVATIONS, exercise=f"{name} from elementary operations"):
                 got = call(fn, x.clone(), name=name)
             got = _tensor_out(got, tuple(x.shape), f"{name} output")
-            expect(got.dtype == x.dtype, f"{name} returned {got.dtype} for a {x.dtype} input.",
-                   "keep the input's dtype: build constants with math (floats), not float32 tensors.")
-            want = ref(x)
+            expect(got.dtype == x.dtype, f"{name} returned {got.dtype} for a {x.dtype} input.", _KEEP_DTYPE)
+            want = _ACTIVATION_REFERENCES[name](x)
             if not _same(got, want, 1e-5, 1e-5):
                 fail(f"{name} differs from the reference on inputs in [{x.min().item():.3g}, {x.max().item():.3g}]: "
                      f"largest difference {(got.to(torch.float64) - want.to(torch.float64)).abs().nan_to_num(1e30).max().item():.3g}.",
                      _diagnose_activation(got, x, name))
-    if hidden:
-        # Reduced precision: the dtype is kept and the values are those of the float32 formula, rounded.
-        for dtype in (torch.bfloat16, torch.float16):
-            x = (torch.randn(64, generator=g) * 4).to(dtype)
-            for name, (fn, ref) in refs.items():
-                with forbid(*_ACTIVATIONS, exercise=f"{name} from elementary operations"):
-                    got = _tensor_out(call(fn, x.clone(), name=name), (64,), f"{name} output")
-                expect(got.dtype == dtype, f"{name} returned {got.dtype} for a {dtype} input.",
-                       "keep the input's dtype: build constants with math (floats), not float32 tensors.")
-                want = ref(x.float())
-                if not _same(got.float(), want, 3e-2, 3e-2):
-                    fail(f"{name} on a {dtype} input differs from the reference.", _diagnose_activation(got.float(), x.float(), name))
+    # Reduced precision: the dtype is kept and the values are those of the float32 formula, rounded.
+    for dtype in (torch.bfloat16, torch.float16) if hidden else (torch.bfloat16,):
+        x = (torch.randn(64 if hidden else 16, generator=g) * 4).to(dtype)
+        for name, fn in functions.items():
+            with forbid(*_ACTIVATIONS, exercise=f"{name} from elementary operations"):
+                got = _tensor_out(call(fn, x.clone(), name=name), tuple(x.shape), f"{name} output")
+            expect(got.dtype == dtype, f"{name} returned {got.dtype} for a {dtype} input.", _KEEP_DTYPE)
+            want = _ACTIVATION_REFERENCES[name](x.float())
+            if not _same(got.float(), want, 3e-2, 3e-2):
+                fail(f"{name} on a {dtype} input differs from the reference.", _diagnose_activation(got.float(), x.float(), name))
+
+
+def _calls(who: str, gelu=None, silu=None, LayerNorm=None, FeedForward=None) -> list:
+    """(what, check) pairs for the earlier answers that ``who`` calls, deepest first: a failure
+    that one of them explains is blamed on it (``earlier_first``)."""
+    earlier = []
+    if gelu is not None:
+        earlier.append((f"{who} calls your gelu, which fails exercise 1's tests",
+                        lambda: _check_activations({"gelu": gelu}, False)))
+    if silu is not None:
+        earlier.append((f"{who} calls your silu, which fails exercise 1's tests",
+                        lambda: _check_activations({"silu": silu}, False)))
+    if LayerNorm is not None:
+        earlier.append((f"{who} uses your LayerNorm, which fails exercise 4's tests",
+                        lambda: check_layer_norm(LayerNorm)))
+    if FeedForward is not None:
+        earlier.append((f"{who} uses your FeedForward, which fails exercise 2's tests",
+                        lambda: check_feed_forward(FeedForward)))
+    return earlier
 
 # ----------------------------------------------------------------------------- exercise 2
 
@@ -179,7 +205,13 @@ def _diagnose_ffn(got: torch.Tensor, x: torch.Tensor, w1, b1, w2, b2) -> str:
 
 
 @_one_thread
-def check_feed_forward(FeedForward, hidden: bool = False) -> None:
+def check_feed_forward(FeedForward, gelu=None, hidden: bool = False) -> None:
+    """gelu, when given, is the exercise 1 answer that FeedForward calls."""
+    with earlier_first(*_calls("FeedForward", gelu=gelu)):
+        _check_feed_forward(FeedForward, hidden)
+
+
+def _check_feed_forward(FeedForward, hidden: bool) -> None:
     configs = [(16, None), (12, 20)]
     rng = hidden_rng("feed_forward")
     if hidden:
@@ -251,7 +283,13 @@ def check_swiglu_hidden(swiglu_hidden, hidden: bool = False) -> None:
 
 
 @_one_thread
-def check_swiglu(SwiGLU, hidden: bool = False) -> None:
+def check_swiglu(SwiGLU, silu=None, hidden: bool = False) -> None:
+    """silu, when given, is the exercise 1 answer that SwiGLU calls."""
+    with earlier_first(*_calls("SwiGLU", silu=silu)):
+        _check_swiglu(SwiGLU, hidden)
+
+
+def _check_swiglu(SwiGLU, hidden: bool) -> None:
     configs = [(24, 16), (48, 64)]
     rng = hidden_rng("swiglu")
     if hidden:
@@ -299,7 +337,8 @@ def check_swiglu(SwiGLU, hidden: bool = False) -> None:
 def _norm_inputs(g: torch.Generator, d: int, hidden: bool, rng) -> list[tuple[torch.Tensor, str]]:
     cases = [(torch.randn(2, 3, d, generator=g) * 2 + 1, "float32"),
              (torch.randn(4, d, generator=g) * 3 + 40, "float32 with a large mean"),
-             ((torch.randn(2, 4, d, generator=g) + 300).to(torch.bfloat16), "bfloat16 with a large mean")]
+             ((torch.randn(2, 4, d, generator=g) + 300).to(torch.bfloat16), "bfloat16 with a large mean"),
+             (torch.randn(2, 3, d, generator=g) * 1e-3, "float32 rows of about 1e-3, whose variance is below eps")]
     if hidden:
         T = rng.randrange(1, 7)
         tiny = torch.randn(2, T, d, generator=g) * 1e-3 + 0.05 * torch.randn(2, T, 1, generator=g)  # variance < eps
@@ -597,17 +636,28 @@ def _check_block(Block, pre: bool, hidden: bool) -> None:
 
 
 @_one_thread
-def check_pre_ln_block(PreLNBlock, hidden: bool = False) -> None:
-    _check_block(PreLNBlock, True, hidden)
+def check_pre_ln_block(PreLNBlock, LayerNorm=None, FeedForward=None, gelu=None, hidden: bool = False) -> None:
+    """LayerNorm, FeedForward and gelu, when given, are the earlier answers the block uses."""
+    with earlier_first(*_calls("PreLNBlock", gelu=gelu, LayerNorm=LayerNorm, FeedForward=FeedForward)):
+        _check_block(PreLNBlock, True, hidden)
 
 
 @_one_thread
-def check_post_ln_block(PostLNBlock, hidden: bool = False) -> None:
-    _check_block(PostLNBlock, False, hidden)
+def check_post_ln_block(PostLNBlock, LayerNorm=None, FeedForward=None, gelu=None, hidden: bool = False) -> None:
+    """LayerNorm, FeedForward and gelu, when given, are the earlier answers the block uses."""
+    with earlier_first(*_calls("PostLNBlock", gelu=gelu, LayerNorm=LayerNorm, FeedForward=FeedForward)):
+        _check_block(PostLNBlock, False, hidden)
 
 
 @_one_thread
-def check_transformer_stack(TransformerStack, hidden: bool = False) -> None:
+def check_transformer_stack(TransformerStack, LayerNorm=None, FeedForward=None, gelu=None,
+                            hidden: bool = False) -> None:
+    """LayerNorm, FeedForward and gelu, when given, are the earlier answers the stack's blocks use."""
+    with earlier_first(*_calls("TransformerStack", gelu=gelu, LayerNorm=LayerNorm, FeedForward=FeedForward)):
+        _check_transformer_stack(TransformerStack, hidden)
+
+
+def _check_transformer_stack(TransformerStack, hidden: bool) -> None:
     rng = hidden_rng("transformer_stack")
     configs = [(8, 16, 3, True), (8, 16, 2, False)]
     if hidden:
@@ -683,7 +733,8 @@ def _ffn_params_ref(d_model: int, d_hidden: int, gated: bool, bias: bool) -> int
 
 
 def check_ffn_params(ffn_params, hidden: bool = False) -> None:
-    cases = [(768, 3072, False, True, 4_722_432), (768, 3072, False, False, 4_718_592), (4096, 11008, True, False, None)]
+    cases = [(768, 3072, False, True, 4_722_432), (768, 3072, False, False, 4_718_592), (4096, 11008, True, False, None),
+             (1024, 2816, True, True, None)]
     if hidden:
         rng = hidden_rng("ffn_params")
         cases += [(rng.randrange(1, 9000), rng.randrange(1, 30000), gated, bias, None)
@@ -700,6 +751,8 @@ def check_ffn_params(ffn_params, hidden: bool = False) -> None:
                 hint = "the gated FFN has three matrices (w_gate, w_up, w_down), not two."
             elif bias and got == 2 * d * h + 2 * h:
                 hint = "fc2's bias has d_model entries (its output width), not d_hidden."
+            elif gated and bias and got == 3 * d * h + 3 * h:
+                hint = "w_down's bias has d_model entries (its output width), not d_hidden; w_gate and w_up have d_hidden each."
             else:
                 hint = "ungated: 2 * d_model * d_hidden (+ d_hidden + d_model biases); gated: 3 * d_model * d_hidden."
             fail(f"ffn_params({d}, {h}, gated={gated}, bias={bias}) returned {got}, expected {want}.", hint)
@@ -943,7 +996,13 @@ def _moe_case(MoE, d, d_ff, E, k, cf, B, T, g, label, x_scale=1.0):
 
 
 @_one_thread
-def check_moe(MoE, hidden: bool = False) -> None:
+def check_moe(MoE, FeedForward=None, gelu=None, hidden: bool = False) -> None:
+    """FeedForward and gelu, when given, are the earlier answers the experts are made of."""
+    with earlier_first(*_calls("MoE", gelu=gelu, FeedForward=FeedForward)):
+        _check_moe(MoE, hidden)
+
+
+def _check_moe(MoE, hidden: bool) -> None:
     g = generator(408) if not hidden else hidden_generator("moe")
     rng = hidden_rng("moe")
     # n_experts is a power of two (or divides n_tokens * k) and capacity_factor a dyadic number, so

@@ -177,6 +177,27 @@ MISTAKES = [
     Mistake("moe_aux_f_from_probs", "ex8_answer",
             "f = torch.bincount(top_e.reshape(-1), minlength=E).float() / (N * k)", "f = probs.mean(dim=0)",
             BOTH["ex8"], "f_e must count the routing decisions"),
+    # ---------------------------------------------------------------- found by honest attempts
+    Mistake("silu_computed_in_float32", "ex1_answer", "return x * torch.sigmoid(x)",
+            "x32 = x.float()\n    return x32 * torch.sigmoid(x32)", BOTH["ex1"], "without converting the result back"),
+    Mistake("layer_norm_eps_outside_sqrt_visible", "ex4_answer", "torch.sqrt(var + self.eps)",
+            "(torch.sqrt(var) + self.eps)", ("ex4_visible",), "eps goes inside the square root"),
+    Mistake("rms_norm_eps_outside_sqrt", "ex5_answer",
+            "torch.rsqrt(x32.pow(2).mean(dim=-1, keepdim=True) + self.eps)",
+            "1 / (torch.sqrt(x32.pow(2).mean(dim=-1, keepdim=True)) + self.eps)",
+            BOTH["ex5"], "eps goes inside the square root"),
+    Mistake("gated_params_down_bias_d_hidden", "ex7_answer", "((2 * d_hidden + d_model) if bias else 0)",
+            "(3 * d_hidden if bias else 0)", BOTH["ex7"], "w_down's bias has d_model entries"),
+    # A wrong earlier answer is named as the cause in the exercises that use it.
+    Mistake("feed_forward_after_gelu_erf_over_two", "ex1_answer", "torch.erf(x / math.sqrt(2.0))", "torch.erf(x / 2.0)",
+            BOTH["ex2"], "FeedForward calls your gelu, which fails exercise 1's tests"),
+    Mistake("swiglu_after_silu_is_sigmoid", "ex1_answer", "return x * torch.sigmoid(x)", "return torch.sigmoid(x)",
+            BOTH["ex3"], "SwiGLU calls your silu, which fails exercise 1's tests"),
+    Mistake("blocks_after_layer_norm_unbiased", "ex4_answer",
+            "var = (x32 - mean).pow(2).mean(dim=-1, keepdim=True)", "var = x32.var(dim=-1, keepdim=True)",
+            ("ex6_visible", "ex6_hidden"), "uses your LayerNorm, which fails exercise 4's tests"),
+    Mistake("moe_after_gelu_erf_over_two", "ex1_answer", "torch.erf(x / math.sqrt(2.0))", "torch.erf(x / 2.0)",
+            BOTH["ex8"], "MoE calls your gelu, which fails exercise 1's tests"),
 ]
 
 # Graded end to end through the real autograder (each costs a kernel run).

@@ -20,7 +20,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ._core import call, expect, expect_close, expect_tensor, fail, generator
+from ._core import call, earlier_first, expect, expect_close, expect_tensor, fail, generator
 from ._core import one_thread as _one_thread
 from ._hidden import hidden_generator, hidden_rng, hidden_seed
 
@@ -221,7 +221,14 @@ def check_process_logits(process_logits, hidden: bool = False) -> None:
 def check_sample_next_token(sample_next_token, process_logits, hidden: bool = False) -> None:
     """The draws must be those of torch.multinomial with the given generator on the softmax of
     the answer's own process_logits (checked on its own in exercise 1), so this exercise is
-    judged on the sampling step alone."""
+    judged on the sampling step alone; a failure that a wrong process_logits explains (logits
+    changed in place, every token removed) is blamed on it."""
+    with earlier_first(("sample_next_token calls your process_logits, which fails exercise 1's tests",
+                        lambda: check_process_logits(process_logits))):
+        _check_sample_next_token(sample_next_token, process_logits, hidden)
+
+
+def _check_sample_next_token(sample_next_token, process_logits, hidden: bool) -> None:
     cases = _sampler_cases(hidden)
     if hidden:
         cases = cases[8:]
@@ -312,7 +319,9 @@ def _attend64(x, weights, n_heads, n_kv_heads, base, past_len=0, k_past=None, v_
 
 
 def _cached_config(i: int, hidden: bool, rng) -> tuple:
-    visible = [(16, 4, 2, 10000.0, 2, [5, 1, 1, 1]), (12, 3, 3, 10000.0, 1, [3, 1, 1])]
+    # A chunk of several tokens after a cache (the mask is bottom-right), and 6 heads over 2 (a group of
+    # 3, so that repeat_interleave(n_kv_heads) or repeat cannot pass by chance).
+    visible = [(24, 6, 2, 10000.0, 2, [5, 3, 1]), (12, 3, 3, 10000.0, 1, [3, 1, 1])]
     if not hidden:
         return visible[i] if i < len(visible) else None
     drawn = [(32, 4, 1, 500.0, 2, [4, 3, 1, 2]), (24, 6, 2, 10000.0, 1, [200, 1, 2])]   # chunks, long offset

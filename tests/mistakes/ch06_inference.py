@@ -38,7 +38,7 @@ MISTAKES = [
     Mistake("is_causal_top_left", "ex3_answer", "attn_mask=mask)", "is_causal=True)",
             ("ex3_visible", "ex3_hidden"), "the causal mask is aligned top-left"),
     Mistake("no_mask_with_cache", "ex3_answer", "attn_mask=mask)", "is_causal=kv_cache is None)",
-            ("ex3_hidden",), "several new tokens arrived with a cache"),
+            ("ex3_visible", "ex3_hidden"), "several new tokens arrived with a cache"),
     Mistake("cache_repeated_heads", "ex3_answer", "return self.out_proj(out), cache",
             "return self.out_proj(out), (k, v)", ("ex3_visible", "ex3_hidden"), "before repeating them"),
     Mistake("cache_before_rope", "ex3_answer",
@@ -141,6 +141,9 @@ MISTAKES = [
             ("ex8_visible", "ex8_hidden"), "draw every uniform and every sample from the generator"),
     Mistake("expected_tokens_off_by_one", "ex8_answer", "(1 - alpha ** (k + 1))", "(1 - alpha ** k)",
             ("ex8_visible", "ex8_hidden"), "numerator is 1 - a^(k+1)"),
+    # ---------------------------------------------------------------- found by honest attempts
+    Mistake("sampling_after_process_logits_in_place", "ex1_answer", "x = logits.clone()", "x = logits",
+            ("ex2_visible",), "sample_next_token calls your process_logits, which fails exercise 1's tests"),
 ]
 
 # Graded end to end through the real autograder (each costs a kernel run in CI).

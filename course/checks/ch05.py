@@ -14,6 +14,7 @@ kernel they are mirrored there, and their state comes back after every call.
 from __future__ import annotations
 
 import copy
+import functools
 import importlib
 import math
 import random
@@ -23,7 +24,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 import torch.nn.utils.clip_grad
 
-from ._core import call, expect, expect_close, expect_tensor, fail, forbid, generator
+from ._core import call, earlier_first, expect, expect_close, expect_tensor, fail, forbid, generator
 from ._hidden import hidden_generator, hidden_rng, hidden_seed
 
 # ----------------------------------------------------------------------------- shared models
@@ -67,6 +68,8 @@ def _ce_variant(logits, targets, ignore_index, eps, variant):
         lp = z - z.logsumexp(-1, keepdim=True)
     nll = -lp.gather(1, torch.where(keep, t, 0)[:, None]).squeeze(1)
     uniform = -lp.mean(-1)
+    if variant == "uniform_skips_ignore_class" and 0 <= ignore_index < V:
+        uniform = -lp[:, torch.arange(V) != ignore_index].mean(-1)
     if variant == "smooth_v_minus_1":
         others = (-lp.sum(-1) - nll) / (V - 1)
         per = (1 - eps) * nll + eps * others
@@ -93,6 +96,8 @@ _CE_HINTS = [
     ("smooth_v_minus_1", "PyTorch spreads label_smoothing uniformly over all V classes, the target included: "
                          "loss = (1 - eps) * nll + eps * mean over classes of -log p."),
     ("no_one_minus", "the true class keeps weight (1 - label_smoothing): loss = (1 - eps) * nll + eps * uniform term."),
+    ("uniform_skips_ignore_class", "ignore_index only decides which positions count; when it is also a class id, "
+                                   "the smoothing term still averages -log p over all V classes, that one included."),
 ]
 
 
@@ -105,6 +110,8 @@ def check_cross_entropy(cross_entropy, hidden: bool = False) -> None:
     cases.append((torch.randn(2, 3, 5, generator=g), t, -100, 0.1, "label_smoothing=0.1"))
     cases.append((torch.tensor([[1000.0, 0.0, -1000.0], [0.0, 1001.0, 1000.0]]), torch.tensor([0, 2]), -100, 0.0,
                   "logits of size 1000"))
+    cases.append((torch.randn(2, 3, 5, generator=g), torch.tensor([[1, 0, 4], [0, 2, 3]]), 0, 0.2,
+                  "ignore_index=0 (also a class id) with label_smoothing=0.2"))
     if hidden:
         rng = hidden_rng("cross_entropy")
         for _ in range(3):
@@ -279,6 +286,8 @@ class AdamProblem(nn.Module):
         self.gain = nn.Parameter(torch.ones(d_hidden))
         self.w2 = nn.Parameter(torch.randn(d_out, d_hidden, generator=g) * 0.5)
         self.unused = nn.Parameter(torch.randn(3, generator=g))       # never gets a gradient
+        self.late = nn.Parameter(torch.ones(d_out))                   # a gradient on odd calls only
+        self.calls = 0
         self.register_buffer("x", torch.randn(32, d_in, generator=g))
         self.register_buffer("y", torch.randn(32, d_out, generator=g))
         self.groups, self.plain = [dict(gr) for gr in groups], plain
@@ -288,15 +297,19 @@ class AdamProblem(nn.Module):
 
     def __iter__(self):
         if self.plain:
-            return iter([self.w1, self.b1, self.gain, self.w2, self.unused])
+            return iter([self.w1, self.b1, self.gain, self.w2, self.unused, self.late])
         return iter([{**{k: v for k, v in gr.items() if k != "names"}, "params": self._group_params(gr["names"])}
                      for gr in self.groups])
 
     def forward(self) -> torch.Tensor:
         for p in self.parameters():
             p.grad = None
+        self.calls += 1
         hidden = torch.tanh(self.x @ self.w1.T + self.b1) * self.gain      # (32, d_hidden)
-        loss = ((hidden @ self.w2.T - self.y) ** 2).mean()
+        out = hidden @ self.w2.T
+        if self.calls % 2:     # so a parameter's step count differs from the number of calls to step()
+            out = out * self.late
+        loss = ((out - self.y) ** 2).mean()
         loss.backward()
         return loss.detach()
 
@@ -305,7 +318,7 @@ def _adamw_variant(problem: AdamProblem, steps: int, opts: dict, variant: str) -
     """A hand-written AdamW with one known mistake; returns the final parameters."""
     groups = [dict(gr) for gr in problem] if not problem.plain else [{"params": list(problem)}]
     state, counter = {}, [0]
-    for _ in range(steps):
+    for call_index in range(steps):
         problem()
         with torch.no_grad():
             for gr in groups:
@@ -323,7 +336,7 @@ def _adamw_variant(problem: AdamProblem, steps: int, opts: dict, variant: str) -
                     s = state[p]
                     counter[0] += 1
                     s[0] += 1
-                    t = counter[0] if variant == "global_counter" else s[0]
+                    t = {"global_counter": counter[0], "step_counter": call_index + 1}.get(variant, s[0])
                     grad = p.grad + wd * p if variant == "l2" else p.grad
                     if variant == "decay_without_lr":
                         p.mul_(1 - wd)
@@ -353,6 +366,9 @@ _ADAMW_HINTS = [
                       "defaults; read them from the group at every step."),
     ("global_counter", "the step count t is per parameter and per call to step(): a counter increased for every "
                        "parameter update makes the bias correction wrong."),
+    ("step_counter", "the step count t is per parameter (kept in its state): a parameter that had no gradient on "
+                     "some calls has taken fewer steps than step() was called, and its bias correction uses its own "
+                     "count."),
     ("decay_unused", "parameters whose .grad is None are skipped entirely, weight decay included (as in "
                      "torch.optim.AdamW)."),
 ]
@@ -396,18 +412,18 @@ def _adamw_case(AdamW, make, opts, steps, what):
 
 def check_adamw(AdamW, hidden: bool = False) -> None:
     groups = [{"names": ["w1", "w2", "unused"], "weight_decay": 0.1},
-              {"names": ["b1", "gain"], "weight_decay": 0.0, "lr": 0.003}]
+              {"names": ["b1", "gain", "late"], "weight_decay": 0.0, "lr": 0.003}]
     opts = {"lr": 0.01, "betas": (0.9, 0.95), "eps": 1e-8, "weight_decay": 0.05}
     _adamw_case(AdamW, lambda: AdamProblem(4, 6, 2, groups, 531), opts, 100, "AdamW over 100 steps, two param groups")
     if not hidden:
         return
     rng = hidden_rng("adamw")
     for k in range(3):
-        names = ["w1", "b1", "gain", "w2", "unused"]
+        names = ["w1", "b1", "gain", "w2", "unused", "late"]
         rng.shuffle(names)
-        cut = sorted(rng.sample(range(1, 5), rng.randrange(1, 3)))
+        cut = sorted(rng.sample(range(1, 6), rng.randrange(1, 3)))
         drawn = []
-        for part in [names[a:b] for a, b in zip([0] + cut, cut + [5])]:
+        for part in [names[a:b] for a, b in zip([0] + cut, cut + [6])]:
             gr: dict = {"names": part}
             if rng.random() < 0.7:
                 gr["weight_decay"] = rng.choice([0.0, 0.01, 0.1, 0.5])
@@ -873,7 +889,22 @@ def _resume_experiment(train, tokens, vocab, dropout, lr_pair, steps, stops, ini
     return full, pieces, full_model, model
 
 
-def check_train_resume(train, hidden: bool = False) -> None:
+def check_train_resume(train, cross_entropy=None, random_batch=None, AdamW=None, param_groups=None, lr_at=None,
+                       hidden: bool = False) -> None:
+    """The earlier answers, when given, are those train calls: a failure that one of them explains
+    (an optimizer whose step counts cannot be saved, for example) is blamed on it."""
+    earlier = [(f"train calls your {name}, which fails exercise {number}'s tests", functools.partial(check, answer))
+               for name, number, check, answer in (("cross_entropy", 1, check_cross_entropy, cross_entropy),
+                                                   ("random_batch", 2, check_random_batch, random_batch),
+                                                   ("AdamW", 3, check_adamw, AdamW),
+                                                   ("param_groups", 4, check_param_groups, param_groups),
+                                                   ("lr_at", 5, check_lr_at, lr_at))
+               if answer is not None]
+    with earlier_first(*earlier):
+        _check_train_resume(train, hidden)
+
+
+def _check_train_resume(train, hidden: bool) -> None:
     rng = hidden_rng("train_resume")
     vocab = 16 if not hidden else rng.randrange(8, 40)
     g = generator(591) if not hidden else hidden_generator("train_resume")

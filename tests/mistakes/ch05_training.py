@@ -1,6 +1,6 @@
 """Chapter 5: common mistakes, each of which must lose points and get its own hint."""
 
-from notebook_tools import Mistake
+from notebook_tools import Mistake, TwoMistakes
 
 BOTH = {k: (f"ex{k}_visible", f"ex{k}_hidden") for k in range(1, 10)}
 
@@ -127,6 +127,21 @@ MISTAKES = [
             "generator.get_state()", BOTH[9], "data position was not restored"),
     Mistake("resume_schedule_restarts", "ex9_answer", "lr_at(step, max_lr, min_lr, warmup_steps, num_steps)",
             "lr_at(step - start, max_lr, min_lr, warmup_steps, num_steps)", BOTH[9], "the schedule restarted"),
+    # ---------------------------------------------------------------- found by honest attempts
+    Mistake("ce_uniform_skips_ignore_class", "ex1_answer", "    uniform = -log_probs.mean(dim=-1)",
+            "    classes = torch.arange(V, device=logits.device) != ignore_index\n"
+            "    uniform = -log_probs[:, classes].mean(dim=-1)",
+            ("ex1_visible",), "ignore_index only decides which positions count"),
+    TwoMistakes("adamw_step_counter_per_call", "ex3_answer", '                t = state["step"]',
+                "                t = self.t", BOTH[3], "the step count t is per parameter (kept in its state)",
+                cell2="ex3_answer", old2="        for group in self.param_groups:\n            lr, (beta1, beta2)",
+                new2="        self.t = getattr(self, 't', 0) + 1\n        for group in self.param_groups:\n"
+                     "            lr, (beta1, beta2)"),
+    TwoMistakes("resume_after_adamw_step_counter_per_call", "ex3_answer", '                t = state["step"]',
+                "                t = self.t", BOTH[9], "train calls your AdamW, which fails exercise 3's tests",
+                cell2="ex3_answer", old2="        for group in self.param_groups:\n            lr, (beta1, beta2)",
+                new2="        self.t = getattr(self, 't', 0) + 1\n        for group in self.param_groups:\n"
+                     "            lr, (beta1, beta2)"),
 ]
 
 # Graded end to end through the real autograder (each costs a kernel run).

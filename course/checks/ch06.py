@@ -161,6 +161,26 @@ _SAMPLER_VARIANTS = [
 ]
 
 
+def _first_difference(got: torch.Tensor, x_before: torch.Tensor, want_keep: torch.Tensor, ok_set: bool) -> str:
+    """Where the processed logits first go wrong: a token kept or removed wrongly, or a kept
+    token whose log-probability among the kept ones is wrong (row and token named)."""
+    got_keep = torch.isfinite(got)
+    if not ok_set:
+        row = int((got_keep != want_keep).any(-1).nonzero()[0])
+        extra = (got_keep[row] & ~want_keep[row]).nonzero().flatten().tolist()
+        missing = (want_keep[row] & ~got_keep[row]).nonzero().flatten().tolist()
+        parts = ([f"kept token(s) {extra[:5]} that should be removed"] if extra else []) + \
+                ([f"removed token(s) {missing[:5]} that should stay"] if missing else [])
+        return (f"kept the wrong tokens: in row {row} it {' and '.join(parts)} ({int(got_keep[row].sum())} kept, "
+                f"expected {int(want_keep[row].sum())})")
+    got_lp = torch.log_softmax(got.masked_fill(~got_keep, float("-inf")), -1)
+    want_lp = torch.log_softmax(x_before.masked_fill(~got_keep, float("-inf")), -1)
+    gap = (got_lp - want_lp).masked_fill(~got_keep, 0).abs()
+    row, token = divmod(int(gap.argmax()), gap.shape[-1])
+    return (f"kept the right tokens with the wrong logits: in row {row}, token {token} has log-probability "
+            f"{got_lp[row, token].item():.4f} among the kept tokens, expected {want_lp[row, token].item():.4f}")
+
+
 def _label(case: dict) -> str:
     args = [f"{k}={v}" for k, v in case.items() if k not in ("logits", "prev_tokens")]
     return f"process_logits(logits of shape {tuple(case['logits'].shape)}, {', '.join(args)})"
@@ -210,9 +230,7 @@ def check_process_logits(process_logits, hidden: bool = False) -> None:
             if ok_set and _same(torch.log_softmax(got.double() * temperature, -1).masked_fill(~got_keep, 0),
                                 torch.log_softmax(want, -1).masked_fill(~got_keep, 0)) and temperature != 1:
                 hint = "divide the logits by the temperature (a low temperature sharpens the distribution)."
-        what = "kept the wrong tokens" if not ok_set else "gave the wrong logits for the tokens it kept"
-        fail(f"{_label(case)} {what}: kept {got_keep.sum(-1).tolist()} tokens per row, "
-             f"expected {torch.isfinite(want).sum(-1).tolist()}.", hint)
+        fail(f"{_label(case)} {_first_difference(got.double(), x_before, torch.isfinite(want), ok_set)}.", hint)
 
 # ----------------------------------------------------------------------------- exercise 2: sampling
 
@@ -654,8 +672,12 @@ def check_beam_search(beam_search, hidden: bool = False) -> None:
             if same(by_tokens, sorted(_beam_oracle(step_fn, bos, eos, beam, max_len, alpha, variant))):
                 hint = text
                 break
-        if got and want and got[0][0] == want[0][0]:
+        if got and want and got[0][0] == want[0][0] and len(got) != len(want):
             what = f"returned {len(got)} hypotheses, expected {len(want)} (the best one is right)"
+        elif got and want and got[0][0] == want[0][0]:
+            k = next(i for i, (a, b) in enumerate(zip(got, want)) if not same([a], [b]))
+            what = (f"returned, at rank {k}, the tokens {got[k][0]} with score {got[k][1]:.4f}; expected "
+                    f"{want[k][0]} with score {want[k][1]:.4f}")
         else:
             what = f"ranked {got[0][0] if got else None} first, expected {want[0][0]} (score {want[0][1]:.4f})"
         fail(f"{label} {what}.", hint)
@@ -849,6 +871,8 @@ def _memory_oracle(c: dict, seq_len: int, batch: int, wdt: torch.dtype, kvdt: to
     kvsize = torch.empty((), dtype=kvdt or wdt).element_size()
     if variant == "kv_in_weight_dtype":
         kvsize = size
+    if variant == "kv_two_bytes":
+        kvsize = 2
     dh = c["d_model"] // c["n_heads"]
     heads = c["n_heads"] if variant == "kv_n_heads" else c["n_kv_heads"]
     two = 1 if variant == "kv_once" else 2
@@ -862,6 +886,8 @@ _MEMORY_HINTS = [
      "saves."),
     ("no_batch", "each sequence of the batch has its own cache: multiply the KV part by batch_size."),
     ("kv_in_weight_dtype", "the cache uses kv_dtype when it is given (weights and cache may differ)."),
+    ("kv_two_bytes", "the cache's bytes per number are those of kv_dtype (of the weights' dtype when it is None): "
+     "element_size(), not a fixed 2."),
 ]
 
 
@@ -909,6 +935,7 @@ def check_memory(count_params, inference_memory_bytes, hidden: bool = False) -> 
                     hint = text
                     break
             fail(f"count_params({name}) gave {got:,}, expected {want:,}.", hint)
+    passed = []          # cases already right: a slip that would have failed one of them is not the cause
     for c, seq_len, batch, wdt, kvdt in _memory_cases(hidden):
         want = _memory_oracle(c, seq_len, batch, wdt, kvdt)
         got = call(inference_memory_bytes, dict(c), seq_len, batch, wdt, kvdt, name="inference_memory_bytes")
@@ -919,13 +946,15 @@ def check_memory(count_params, inference_memory_bytes, hidden: bool = False) -> 
         if got != want:
             hint = "bytes = count_params(config) * weight bytes + 2 * n_layers * batch_size * seq_len * n_kv_heads * d_head * KV bytes."
             for variant, text in _MEMORY_HINTS:
-                if got == _memory_oracle(c, seq_len, batch, wdt, kvdt, variant):
+                if got == _memory_oracle(c, seq_len, batch, wdt, kvdt, variant) and all(
+                        _memory_oracle(*case, variant) == _memory_oracle(*case) for case in passed):
                     hint = text
                     break
             else:
                 if got == want * 8 or got - want == _params_oracle(c) * 7 * torch.empty((), dtype=wdt).element_size():
                     hint = "that is bits: use element_size() for bytes."
             fail(f"{label} gave {got:,}, expected {want:,}.", hint)
+        passed.append((c, seq_len, batch, wdt, kvdt))
 
 # ----------------------------------------------------------------------------- exercise 8: speculative decoding
 

@@ -144,6 +144,8 @@ MISTAKES = [
     # ---------------------------------------------------------------- found by honest attempts
     Mistake("sampling_after_process_logits_in_place", "ex1_answer", "x = logits.clone()", "x = logits",
             ("ex2_visible",), "sample_next_token calls your process_logits, which fails exercise 1's tests"),
+    Mistake("kv_bytes_fixed_at_two", "ex7_answer", "d_head * torch.empty((), dtype=kv_dtype).element_size()",
+            "d_head * 2", ("ex7_visible", "ex7_hidden"), "not a fixed 2"),
 ]
 
 # Graded end to end through the real autograder (each costs a kernel run in CI).

@@ -872,6 +872,11 @@ def _diagnose_moe(y, aux, kept, x, router_w, experts, k, cf, want_y, want_aux, w
         if torch.equal(kept, floor_kept):
             return "the capacity was rounded down: capacity = math.ceil(capacity_factor * n_tokens * k / n_experts)."
         if k > 1:
+            _, _, without_k = moe_reference(x, router_w, experts, k, cf, capacity=math.ceil(cf * N / E))
+            if torch.equal(kept, without_k):
+                return ("the capacity counts all n_tokens * k choices: capacity = ceil(capacity_factor * n_tokens * "
+                        "k / n_experts); without the factor k it is too small.")
+        if k > 1:
             kt = _kept_token_order(x, router_w, k, cf)
             if torch.equal(kept, kt):
                 return ("assignments were taken token by token (both choices of token 0, then token 1, ...): give "
@@ -985,13 +990,24 @@ def _moe_case(MoE, d, d_ff, E, k, cf, B, T, g, label, x_scale=1.0):
     top = probs.topk(k, dim=-1).indices.view(B, T, k)
     load = torch.bincount(top[kept], minlength=E)
     if int(load.max()) > cap:
-        fail(f"{label}: an expert processed {int(load.max())} choices, more than its capacity {cap}.",
+        fail(f"{label}: an expert processed {int(load.max())} choices, more than its capacity {cap} (counting the "
+             "kept choices by the expert that top-k over softmax(router(x)) along the experts gives them).",
              "capacity was never enforced: an expert takes at most capacity = ceil(capacity_factor * n_tokens * k / "
-             "n_experts) tokens; the others are dropped.")
+             "n_experts) tokens; the others are dropped." if bool(kept.all()) else
+             "an expert's count runs over the whole batch, all n_tokens * k choices routed to it, and the routing "
+             "is top-k of the softmax over the experts (the last dimension), one distribution per token.")
     hint = _diagnose_moe(y, aux, kept, x, router_w, weights, k, cf, want_y, want_aux, want_kept)
     if hint is not None:
-        fail(f"{label}: MoE output (d_model={d}, n_experts={E}, k={k}, capacity_factor={cf}) differs from a slow "
-             "per-token loop.", hint)
+        shape = f"(d_model={d}, n_experts={E}, k={k}, capacity_factor={cf})"
+        if not torch.equal(kept, want_kept):
+            what = (f"the choices kept differ from a slow per-token loop's {shape}: {int(kept.sum())} kept, expected "
+                    f"{int(want_kept.sum())}")
+        elif not _same(y, want_y, 1e-4, 1e-4):
+            what = f"MoE output {shape} differs from a slow per-token loop"
+        else:
+            what = (f"aux_loss {shape} is {float(aux):.6g}, expected {float(want_aux):.6g} (the output and the "
+                    "kept choices are right)")
+        fail(f"{label}: {what}.", hint)
     return module, aux_raw, router, x, router_w
 
 

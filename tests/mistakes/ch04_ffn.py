@@ -198,6 +198,11 @@ MISTAKES = [
             ("ex6_visible", "ex6_hidden"), "uses your LayerNorm, which fails exercise 4's tests"),
     Mistake("moe_after_gelu_erf_over_two", "ex1_answer", "torch.erf(x / math.sqrt(2.0))", "torch.erf(x / 2.0)",
             BOTH["ex8"], "MoE calls your gelu, which fails exercise 1's tests"),
+    Mistake("moe_capacity_without_k", "ex8_answer", "capacity = math.ceil(self.capacity_factor * N * k / E)",
+            "capacity = math.ceil(self.capacity_factor * N / E)", BOTH["ex8"], "without the factor k it is too small"),
+    Mistake("moe_softmax_over_tokens", "ex8_answer", "probs = torch.softmax(self.router(flat).float(), dim=-1)",
+            "probs = torch.softmax(self.router(flat).float(), dim=0)", ("ex8_visible",),
+            "the routing is top-k of the softmax over the experts"),
 ]
 
 # Graded end to end through the real autograder (each costs a kernel run).

@@ -24,7 +24,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 import torch.nn.utils.clip_grad
 
-from ._core import call, earlier_first, expect, expect_close, expect_tensor, fail, forbid, generator
+from ._core import CheckFailed, call, earlier_first, expect, expect_close, expect_tensor, fail, forbid, generator
 from ._hidden import hidden_generator, hidden_rng, hidden_seed
 
 # ----------------------------------------------------------------------------- shared models
@@ -265,7 +265,8 @@ def check_sequential_batches(sequential_batches, hidden: bool = False) -> None:
         else:
             hint = ("x holds the windows tokens[s : s+T] for s = 0, T, 2T, ... and y the same windows one token on; "
                     "group batch_size of them per batch, in order.")
-        fail(f"{what} did not cover the stream as expected ({len(got)} batches, expected {len(want)}).", hint)
+        fail(f"{what} did not cover the stream as expected ({len(got)} batches holding {n_windows} windows, "
+             f"expected {len(want)} holding {len(want_windows)}).", hint)
 
 # ----------------------------------------------------------------------------- exercise 3
 
@@ -322,7 +323,7 @@ def _adamw_variant(problem: AdamProblem, steps: int, opts: dict, variant: str) -
         problem()
         with torch.no_grad():
             for gr in groups:
-                lr = opts["lr"] if variant == "defaults_only" else gr.get("lr", opts["lr"])
+                lr = opts["lr"] if variant in ("defaults_only", "group_lr_ignored") else gr.get("lr", opts["lr"])
                 wd = opts["weight_decay"] if variant == "defaults_only" else gr.get("weight_decay", opts["weight_decay"])
                 b1, b2 = gr.get("betas", opts["betas"]) if variant != "defaults_only" else opts["betas"]
                 eps = opts["eps"]
@@ -362,6 +363,8 @@ _ADAMW_HINTS = [
            "shrink the parameter directly, p *= 1 - lr * weight_decay, and keep the gradient as it is."),
     ("decay_without_lr", "the decoupled decay is multiplied by the learning rate: p *= 1 - lr * weight_decay."),
     ("eps_inside", "eps is added after the square root: sqrt(v_hat) + eps, not sqrt(v_hat + eps)."),
+    ("group_lr_ignored", "each param group's own lr overrides the constructor's default lr: read group['lr'] at "
+                         "every step (the groups' other settings were used)."),
     ("defaults_only", "each param group's own settings (lr, weight_decay, betas) override the constructor's "
                       "defaults; read them from the group at every step."),
     ("global_counter", "the step count t is per parameter and per call to step(): a counter increased for every "
@@ -382,7 +385,14 @@ def _adamw_case(AdamW, make, opts, steps, what):
         expect(step is not None, "your AdamW has no step method.", "define step(self, closure=None).")
         snapshots = {}
         for i in range(1, steps + 1):
-            call(step, student_problem, name="AdamW.step")
+            try:
+                call(step, student_problem, name="AdamW.step")
+            except CheckFailed as err:
+                if "does not require grad" in str(err):
+                    fail(f"{what}: AdamW.step(closure) raised when it ran the closure: its backward found no "
+                         "gradient to compute.", "step runs under @torch.no_grad(), so call the closure inside "
+                         "`with torch.enable_grad():` (the closure computes a loss and calls backward).")
+                raise
             if i in (1, 2, 10, steps):
                 snapshots[i] = _flat(student_problem)
     want_problem = make()
@@ -737,8 +747,9 @@ def _scale_variant(events, init, growth, backoff, interval, variant):
 
 
 _SCALER_HINTS = [
-    ("never_grow", "the scale never grows back: after growth_interval finite steps in a row, multiply it by "
-                   "growth_factor (and start counting again)."),
+    ("never_grow", "the scale did not grow on the growth_interval-th finite step in a row (it grew later, or never): "
+                   "when the count of good steps reaches growth_interval (==, not >), multiply the scale by "
+                   "growth_factor and start counting again."),
     ("every_step", "grow only after growth_interval consecutive finite steps, not after every step."),
     ("no_reset", "an overflow resets the count of good steps: after a skipped step, the scale grows only after "
                  "growth_interval new finite steps."),

@@ -103,7 +103,7 @@ MISTAKES = [
             "only the last micro-batch"),
     # ---- exercise 8: loss scaling
     Mistake("scaler_never_grows_back", "ex8_answer", "self.scale *= self.growth_factor", "self.scale *= 1.0",
-            BOTH[8], "never grows back"),
+            BOTH[8], "did not grow on the growth_interval-th"),
     Mistake("scaler_overflow_keeps_count", "ex8_answer", "self.good_steps = 0\n            return None",
             "return None", BOTH[8], "an overflow resets the count"),
     Mistake("scaler_grows_every_step", "ex8_answer", "if self.good_steps == self.growth_interval:", "if True:",
@@ -142,6 +142,14 @@ MISTAKES = [
                 cell2="ex3_answer", old2="        for group in self.param_groups:\n            lr, (beta1, beta2)",
                 new2="        self.t = getattr(self, 't', 0) + 1\n        for group in self.param_groups:\n"
                      "            lr, (beta1, beta2)"),
+    TwoMistakes("adamw_group_lr_ignored", "ex3_answer", 'lr, (beta1, beta2), eps, wd = group["lr"], group["betas"]',
+                'lr, (beta1, beta2), eps, wd = self.lr, group["betas"]', BOTH[3], "each param group's own lr",
+                cell2="ex3_answer", old2="        self.state: dict = {}", new2="        self.lr = lr\n        self.state: dict = {}"),
+    Mistake("adamw_closure_without_grad", "ex3_answer",
+            "            with torch.enable_grad():\n                loss = closure()", "            loss = closure()",
+            ("ex3_visible",), "call the closure inside `with torch.enable_grad():`"),
+    Mistake("scaler_grows_one_step_late", "ex8_answer", "if self.good_steps == self.growth_interval:",
+            "if self.good_steps > self.growth_interval:", BOTH[8], "(==, not >)"),
 ]
 
 # Graded end to end through the real autograder (each costs a kernel run).

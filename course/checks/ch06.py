@@ -1061,7 +1061,18 @@ def check_speculative_accept(speculative_accept, expected_tokens_per_step, hidde
             hint = "accept draft token x with probability min(1, p(x) / q(x)), with u = torch.rand(..., generator=generator)."
             inverted = (q[0] * torch.clamp(q[0] / p[0].clamp_min(1e-30), max=1)).sum().item()
             hard = q[0][p[0] >= q[0]].sum().item()
-            if abs(acc - inverted) <= 5.5 * math.sqrt(max(inverted * (1 - inverted), 1e-12) / B):
+            alphas = torch.minimum(p[:k], q).sum(-1)
+            any_accepted = 1 - torch.prod(1 - alphas).item()
+            betas = (q * torch.clamp(q / p[:k].clamp_min(1e-30), max=1)).sum(-1)
+            # Both slips raise the rate at position 0; the mean of n_accepted tells them apart.
+            counts_all = abs(acc - any_accepted) <= 5.5 * math.sqrt(max(any_accepted * (1 - any_accepted), 1e-12) / B)
+            if counts_all and abs(acc - inverted) <= 5.5 * math.sqrt(max(inverted * (1 - inverted), 1e-12) / B):
+                mean_n = n.double().mean().item()
+                counts_all = abs(mean_n - alphas.sum().item()) < abs(mean_n - torch.cumprod(betas, 0).sum().item())
+            if counts_all:
+                hint = ("stop at the first rejection: n_accepted counts the draft tokens accepted before the "
+                        "first rejected one, not every draft token that passed its own test.")
+            elif abs(acc - inverted) <= 5.5 * math.sqrt(max(inverted * (1 - inverted), 1e-12) / B):
                 hint = "the acceptance ratio is inverted: accept with probability min(1, p(x) / q(x)), target over draft."
             elif abs(acc - hard) <= 5.5 * math.sqrt(max(hard * (1 - hard), 1e-12) / B):
                 hint = ("a draft token with p(x) < q(x) is still accepted with probability p(x) / q(x): compare a "
@@ -1075,6 +1086,17 @@ def check_speculative_accept(speculative_accept, expected_tokens_per_step, hidde
             rows = n >= j
             if int(rows.sum()) < 200:
                 continue
+            if 0 < j < k:
+                # Among the rows that reached j, the draft token at j is accepted with probability sum min(p_j, q_j).
+                reached = int(rows.sum())
+                rate = (n[rows] > j).double().mean().item()
+                alpha_j = torch.minimum(p[j], q[j]).sum().item()
+                if abs(rate - alpha_j) > 5.5 * math.sqrt(max(alpha_j * (1 - alpha_j), 1e-12) / reached) + 3 / reached:
+                    fail(f"speculative_accept accepted the draft token at position {j} in {rate:.3f} of the {reached} "
+                         f"rows that reached it; the rule gives {alpha_j:.3f} (sum of min(p_{j}, q_{j})).",
+                         f"every position has its own test: draw a fresh uniform for each position (u of shape (B, k)) "
+                         f"and accept draft_tokens[:, j] with probability min(1, p_j(x) / q_j(x)), p_j and q_j the "
+                         f"target and draft distributions at position j.")
             emitted = torch.where(n[rows] > j, draft[rows, min(j, k - 1)], nxt[rows])
             counts = torch.bincount(emitted, minlength=V)
             stat, dof, impossible = _chi2(counts, p[j])
@@ -1093,6 +1115,15 @@ def check_speculative_accept(speculative_accept, expected_tokens_per_step, hidde
                     hint = _SPEC_RESIDUAL_HINT
                     if len(rejected) == 0:
                         hint = "accept with probability min(1, p(x) / q(x)) and stop at the first rejection."
+                    elif len(rejected) >= 100:
+                        residual = (p[j] - q[j]).clamp(min=0)
+                        r_stat, r_dof, r_impossible = _chi2(torch.bincount(rejected, minlength=V),
+                                                            residual / residual.sum())
+                        if not r_impossible and r_stat <= _chi2_critical(max(r_dof, 1)):
+                            # The replacements follow the residual: the tokens accepted at j are what is wrong.
+                            hint = (f"the replacement tokens follow the residual, so the acceptance at position {j} "
+                                    "is wrong: every position has its own test; draw a fresh uniform for each "
+                                    "position and accept draft_tokens[:, j] with probability min(1, p_j(x) / q_j(x)).")
                 fail(f"the tokens emitted at position {j} do not follow the target distribution "
                      f"(chi-square {stat:.1f} with {dof} degrees of freedom, bound {_chi2_critical(max(dof, 1)):.1f} "
                      f"at p = 1e-7{'; a token of probability 0 appeared' if impossible else ''}).", hint)

@@ -146,6 +146,18 @@ MISTAKES = [
             ("ex2_visible",), "sample_next_token calls your process_logits, which fails exercise 1's tests"),
     Mistake("kv_bytes_fixed_at_two", "ex7_answer", "d_head * torch.empty((), dtype=kv_dtype).element_size()",
             "d_head * 2", ("ex7_visible", "ex7_hidden"), "not a fixed 2"),
+    Mistake("speculative_one_uniform_per_row", "ex8_answer",
+            "    for j in range(k):\n        x = draft_tokens[:, j]                                # (B,)\n"
+            "        ratio = target_probs[rows, j, x] / draft_probs[rows, j, x]\n"
+            "        u = torch.rand(B, generator=generator)\n",
+            "    u = torch.rand(B, generator=generator)\n"
+            "    for j in range(k):\n        x = draft_tokens[:, j]                                # (B,)\n"
+            "        ratio = target_probs[rows, j, x] / draft_probs[rows, j, x]\n",
+            ("ex8_visible", "ex8_hidden"), "draw a fresh uniform for each position"),
+    Mistake("speculative_counts_every_acceptance", "ex8_answer", "accepting = accepting & (u < ratio)",
+            "accepting = u < ratio", ("ex8_visible", "ex8_hidden"), "stop at the first rejection"),
+    Mistake("speculative_always_first_draft", "ex8_answer", "x = draft_tokens[:, j]", "x = draft_tokens[:, 0]",
+            ("ex8_visible", "ex8_hidden"), "every position has its own test"),
 ]
 
 # Graded end to end through the real autograder (each costs a kernel run in CI).

@@ -169,12 +169,15 @@ MISTAKES = [
             "pair = max(counts, key=lambda p: (counts[p], p))",
             ("ex2_visible", "ex2_hidden"), "ties must go to the pair seen first", e2e=False),
     # A wrong earlier answer must not take the blame for a bug of this exercise's own.
-    TwoMistakes("decode_per_token_while_counts_keep_zeros", "ex3_answer",
+    # merge_pair also overwrites the list it was given (exercise 1 fails), yet encode's tokens are right,
+    # so decode's own bug is the one to name.
+    TwoMistakes("decode_per_token_while_merge_pair_edits_its_input", "ex3_answer",
                 'return b"".join(vocab[i] for i in ids).decode("utf-8", errors="replace")',
                 'return "".join(vocab[i].decode("utf-8", errors="replace") for i in ids)',
                 ("ex3_visible", "ex3_hidden"), "join the bytes of all tokens first", e2e=False,
-                cell2="ex1_answer", old2="            if counts[old] == 0:\n                del counts[old]\n",
-                new2=""),
+                cell2="ex1_answer", old2="    if counts is None:\n        return out",
+                new2="    ids[:] = out                                  # the list reused\n"
+                     "    if counts is None:\n        return out"),
     TwoMistakes("scale_by_vocab_while_embedding_std_one", "ex5_answer", "math.sqrt(self.weight.shape[1])",
                 "math.sqrt(self.weight.shape[0])", ("ex5_visible", "ex5_hidden"), "not sqrt(vocab_size)",
                 e2e=False, cell2="ex4_answer", old2="nn.init.normal_(self.weight, mean=0.0, std=0.02)",

@@ -1,6 +1,12 @@
 """The book's build for its tests, into a temporary folder (executing its pages takes
 minutes). Run beside other tests, it was slower, not faster, on 2 cores: two pages that take
-10 s alone took 300 s each beside the in-process tests (measured), so it runs alone."""
+10 s alone took 300 s each beside the in-process tests (measured), so it runs alone.
+
+Sphinx's parallel reading does not help either (measured 2026-12-02, 2 cores): with two jobs, and
+the two Jupyter Book extensions that declare nothing (sphinx_multitoc_numbering,
+sphinx_jupyterbook_latex) declared safe, the build took 8.5 min against 7.1 min serially (a
+page that took 6 s alone took 306 s beside another kernel), and with OMP_NUM_THREADS=1 it had
+not finished after 9 min; one chunk of pages ran alone at the end."""
 
 from __future__ import annotations
 

@@ -171,7 +171,11 @@ def check_cross_entropy(cross_entropy, hidden: bool = False) -> None:
 # ----------------------------------------------------------------------------- exercise 2
 
 def _batch_oracle(tokens, B, T, seed, high_shift=0):
-    g = torch.Generator().manual_seed(seed)
+    return _batch_from(tokens, B, T, torch.Generator().manual_seed(seed), high_shift)
+
+
+def _batch_from(tokens, B, T, g: torch.Generator, high_shift=0):
+    """random_batch's draw from the generator g: B windows of T tokens and their targets."""
     starts = torch.randint(0, len(tokens) - T + high_shift, (B,), generator=g)
     idx = starts[:, None] + torch.arange(T)
     return tokens[idx], tokens[(idx + 1).clamp(max=len(tokens) - 1)]
@@ -915,6 +919,45 @@ def check_train_resume(train, cross_entropy=None, random_batch=None, AdamW=None,
         _check_train_resume(train, hidden)
 
 
+_TRAIN_HINTS = [
+    ("default_betas", "the optimizer's betas are (0.9, 0.95) in this loop, not AdamW's default (0.9, 0.999)."),
+    ("constant_lr", "the learning rate never changed: set every group's lr to lr_at(step, ...) at the start of each "
+                    "step."),
+    ("eval_mode", "the model ran without dropout: call model.train() before the steps (the loss is measured with "
+                  "dropout on)."),
+]
+
+
+def _reference_losses(tokens, vocab, dropout, lr_pair, steps, init_seed, rng_seed, kw, variant: str = "ok"
+                      ) -> list[float]:
+    """The losses of exercise 9's steps, run with PyTorch's AdamW and cross-entropy, the course's
+    groups (nn.Linear matrices decayed by 0.1, the rest not), the schedule and random_batch's draw;
+    or with one known slip (``variant``, used to name it)."""
+    options = {"batch_size": 4, "block_size": 8, "warmup_steps": 3, "seed": 0, **kw}
+    torch.manual_seed(init_seed)
+    model = TinyLM(vocab, 12, dropout)
+    decayed = {id(m.weight) for m in model.modules() if isinstance(m, nn.Linear)}
+    groups = [{"params": [p for p in model.parameters() if id(p) in decayed], "weight_decay": 0.1},
+              {"params": [p for p in model.parameters() if id(p) not in decayed], "weight_decay": 0.0}]
+    betas = (0.9, 0.999) if variant == "default_betas" else (0.9, 0.95)
+    optimizer = torch.optim.AdamW(groups, lr=lr_pair[0], betas=betas)
+    generator = torch.Generator().manual_seed(options["seed"])
+    torch.manual_seed(rng_seed)
+    model.train(variant != "eval_mode")
+    losses = []
+    for step in range(steps):
+        for group in optimizer.param_groups:
+            group["lr"] = (lr_pair[0] if variant == "constant_lr" else
+                           _lr_oracle(step, lr_pair[0], lr_pair[1], options["warmup_steps"], steps))
+        x, y = _batch_from(tokens, options["batch_size"], options["block_size"], generator)
+        loss = F.cross_entropy(model(x).reshape(-1, vocab), y.reshape(-1))
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    return losses
+
+
 def _check_train_resume(train, hidden: bool) -> None:
     rng = hidden_rng("train_resume")
     vocab = 16 if not hidden else rng.randrange(8, 40)
@@ -931,6 +974,21 @@ def _check_train_resume(train, hidden: bool) -> None:
     with forbid(*_ADAMW_BUILTINS, exercise="the training loop with your own AdamW"):
         full, pieces, full_model, resumed = _resume_experiment(train, tokens, vocab, 0.2, (1e-2, 1e-3), steps, stops,
                                                                init, seeds, kw)
+    # The uninterrupted run is the spec's loop: compared with one built from PyTorch's parts.
+    reference = _reference_losses(tokens, vocab, 0.2, (1e-2, 1e-3), steps, init, seeds[0], kw)
+    off = next((i for i, (a, b) in enumerate(zip(full, reference)) if not math.isclose(a, b, rel_tol=1e-4)), None)
+    if off is not None:
+        hint = ("follow the spec's step in order: the groups' lr from lr_at(step, ..., num_steps), then the batch from "
+                "random_batch with the run's own generator, the loss in train mode, zero_grad, backward, step; the "
+                "optimizer is AdamW(param_groups(model, 0.1), lr=max_lr, betas=(0.9, 0.95)).")
+        for variant, text in _TRAIN_HINTS:
+            other = _reference_losses(tokens, vocab, 0.2, (1e-2, 1e-3), steps, init, seeds[0], kw, variant)
+            if all(math.isclose(a, b, rel_tol=1e-4) for a, b in zip(full, other)):
+                hint = text
+                break
+        fail(f"the uninterrupted run's loss at step {off} is {full[off]:.6g}; the spec's loop, run with PyTorch's "
+             f"AdamW and cross-entropy, gives {reference[off]:.6g}.", hint)
+    with forbid(*_ADAMW_BUILTINS, exercise="the training loop with your own AdamW"):
         if pieces == full and torch.equal(_flat(full_model), _flat(resumed)):
             expect(len(set(full)) > 1, "the losses did not change during training.",
                    "call optimizer.step() every step.")

@@ -150,6 +150,12 @@ MISTAKES = [
             ("ex3_visible",), "call the closure inside `with torch.enable_grad():`"),
     Mistake("scaler_grows_one_step_late", "ex8_answer", "if self.good_steps == self.growth_interval:",
             "if self.good_steps > self.growth_interval:", BOTH[8], "(==, not >)"),
+    # The run is compared with the spec's loop built from PyTorch's parts, so a wrong earlier answer
+    # underneath (or a setting of the loop's own) no longer passes exercise 9.
+    Mistake("train_after_lr_warmup_from_zero", "ex5_answer", "return max_lr * (step + 1) / warmup_steps",
+            "return max_lr * step / warmup_steps", BOTH[9], "train calls your lr_at, which fails exercise 5's tests"),
+    Mistake("train_default_betas", "ex9_answer", "AdamW(param_groups(model, 0.1), lr=max_lr, betas=(0.9, 0.95))",
+            "AdamW(param_groups(model, 0.1), lr=max_lr)", BOTH[9], "not AdamW's default (0.9, 0.999)"),
 ]
 
 # Graded end to end through the real autograder (each costs a kernel run).

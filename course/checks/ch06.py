@@ -697,7 +697,7 @@ def _weight_cases(hidden: bool) -> list[torch.Tensor]:
     w = torch.randn(6, 10, generator=g) * 0.05
     w[1] = 0.0                                            # an all-zero row
     w[2, 3] = 2.0                                         # an outlier: it should only coarsen its own row
-    cases = [w, torch.randn(5, 4, generator=g)]
+    cases = [w, torch.randn(5, 4, generator=g), (torch.randn(4, 6, generator=g) * 3).to(torch.bfloat16)]
     if hidden:
         rng = hidden_rng("int8")
         for _ in range(4):
@@ -794,6 +794,16 @@ def check_int8_linear(Int8Linear, hidden: bool = False) -> None:
             fail(f"{label} stores {stored} bytes, expected at most {limit} (int8 weight, float32 scales and bias).",
                  f"store only the int8 weight and its scales (register_buffer), not the float weight as well"
                  f"{' (found ' + ', '.join(floats) + ')' if floats else ''}: that is the whole point of quantising.")
+        buffers = dict(module.named_buffers())
+        missing = [name for name in ("weight_int8", "scale") + (("bias",) if bias else ()) if name not in buffers]
+        if missing:
+            fail(f"{label} keeps {', '.join(missing)} outside its buffers.",
+                 "register them with self.register_buffer(name, tensor): a buffer moves with .to(device) and is "
+                 "saved by state_dict; a plain attribute (or a Parameter, for the bias) is not what the spec asks.")
+        if bias and buffers["bias"].data_ptr() == linear.bias.data_ptr():
+            fail(f"{label}.bias shares its memory with the float layer's bias.",
+                 "register a copy, linear.bias.detach().clone(): the quantised layer must not change when the layer "
+                 "it came from is trained further or freed.")
         q = getattr(module, "weight_int8", None)
         scale = getattr(module, "scale", None)
         expect(isinstance(q, torch.Tensor) and q.dtype == torch.int8 and tuple(q.shape) == (d_out, d_in),

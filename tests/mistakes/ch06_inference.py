@@ -158,6 +158,12 @@ MISTAKES = [
             "accepting = u < ratio", ("ex8_visible", "ex8_hidden"), "stop at the first rejection"),
     Mistake("speculative_always_first_draft", "ex8_answer", "x = draft_tokens[:, j]", "x = draft_tokens[:, 0]",
             ("ex8_visible", "ex8_hidden"), "every position has its own test"),
+    Mistake("int8_scale_plain_attribute", "ex6_answer", 'self.register_buffer("scale", scale)',
+            "self.scale = scale", ("ex6_visible", "ex6_hidden"), "a buffer moves with .to(device)"),
+    Mistake("int8_bias_shared", "ex6_answer", "linear.bias.detach().clone()", "linear.bias.detach()",
+            ("ex6_visible", "ex6_hidden"), "register a copy, linear.bias.detach().clone()"),
+    Mistake("quantize_in_the_weight_dtype", "ex6_answer", "    w = w.float()\n", "",
+            ("ex6_visible", "ex6_hidden"), "compute in float32 (w.float())"),
 ]
 
 # Graded end to end through the real autograder (each costs a kernel run in CI).

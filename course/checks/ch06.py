@@ -118,6 +118,9 @@ def _sampler_cases(hidden: bool) -> list[dict]:
              dict(logits=base, temperature=1.0, top_k=6, top_p=0.5),
              dict(logits=base, temperature=1.0, repetition_penalty=1.5, prev_tokens=prev),
              dict(logits=base, temperature=0.8, top_k=7, top_p=0.9, repetition_penalty=1.3, prev_tokens=prev)]
+    ties = torch.tensor([[2.0, 1.0, 1.0, 1.0, 0.0, -1.0], [0.5, 0.5, 0.5, 0.5, 0.5, 0.5]])
+    cases += [dict(logits=ties, temperature=1.0, top_k=2),       # the k-th logit ties: every tied token stays
+              dict(logits=base, temperature=1.0, top_k=13)]      # top_k above the vocabulary: nothing removed
     if not hidden:
         return cases
     rng, g = hidden_rng("sampler"), hidden_generator("sampler")
@@ -227,7 +230,12 @@ def check_process_logits(process_logits, hidden: bool = False) -> None:
                 hint = text
                 break
         else:
-            if ok_set and _same(torch.log_softmax(got.double() * temperature, -1).masked_fill(~got_keep, 0),
+            want_keep = torch.isfinite(want)
+            if (top_k is not None and not ok_set and bool((got_keep.sum(-1) == min(top_k, got.shape[-1])).all())
+                    and bool((got_keep <= want_keep).all()) and bool((want_keep.sum(-1) > top_k).any())):
+                hint = ("tokens tied with the k-th largest logit stay: remove only logits strictly below the k-th "
+                        "largest (x < kth); the indices from topk break ties arbitrarily.")
+            elif ok_set and _same(torch.log_softmax(got.double() * temperature, -1).masked_fill(~got_keep, 0),
                                 torch.log_softmax(want, -1).masked_fill(~got_keep, 0)) and temperature != 1:
                 hint = "divide the logits by the temperature (a low temperature sharpens the distribution)."
         fail(f"{_label(case)} {_first_difference(got.double(), x_before, torch.isfinite(want), ok_set)}.", hint)
@@ -249,7 +257,7 @@ def check_sample_next_token(sample_next_token, process_logits, hidden: bool = Fa
 def _check_sample_next_token(sample_next_token, process_logits, hidden: bool) -> None:
     cases = _sampler_cases(hidden)
     if hidden:
-        cases = cases[8:]
+        cases = cases[len(_sampler_cases(False)):]
     rng = hidden_rng("sample_next_token")
     for i, case in enumerate(cases):
         kwargs = {k: v for k, v in case.items() if k != "logits"}
@@ -542,6 +550,9 @@ def check_generate(generate, hidden: bool = False) -> None:
                        f"{label}: item {j} is not a (tokens, logits) pair.", "append (new_tokens, step_logits).")
                 tokens, logits = item
                 expect_tensor(tokens, (n_new,), f"{label}: new tokens of prompt {j}")
+                expect(tokens.dtype == torch.long, f"{label}: the new tokens of prompt {j} are {tokens.dtype}, "
+                       "expected torch.long.", "token ids are int64, like the prompts: build them with argmax "
+                       "(which gives int64) or torch.tensor(..., dtype=torch.long), then feed them back as they are.")
                 expect_tensor(logits, (n_new, vocab_size), f"{label}: step logits of prompt {j}")
                 want = _teacher_forced(model, prompt, tokens.long())
                 ok = _same(logits, want, atol=1e-4, rtol=1e-4)

@@ -164,6 +164,16 @@ MISTAKES = [
             ("ex6_visible", "ex6_hidden"), "register a copy, linear.bias.detach().clone()"),
     Mistake("quantize_in_the_weight_dtype", "ex6_answer", "    w = w.float()\n", "",
             ("ex6_visible", "ex6_hidden"), "compute in float32 (w.float())"),
+    Mistake("generated_tokens_int32", "ex4_answer", "results.append((torch.stack(tokens), torch.stack(step_logits)))",
+            "results.append((torch.stack(tokens).int(), torch.stack(step_logits)))", ("ex4_visible", "ex4_hidden"),
+            "token ids are int64, like the prompts"),
+    Mistake("top_k_breaks_ties", "ex1_answer",
+            "        kth = x.topk(top_k, dim=-1).values[:, -1:]                # (B, 1): the k-th largest\n"
+            "        x = x.masked_fill(x < kth, float(\"-inf\"))",
+            "        idx = x.topk(top_k, dim=-1).indices\n"
+            "        drop = torch.ones_like(x, dtype=torch.bool).scatter(-1, idx, False)\n"
+            "        x = x.masked_fill(drop, float(\"-inf\"))",
+            ("ex1_visible",), "tokens tied with the k-th largest logit stay"),
 ]
 
 # Graded end to end through the real autograder (each costs a kernel run in CI).

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 from typing import Any, Callable, Iterator
 
 import torch
@@ -248,6 +249,15 @@ def earlier_first(*earlier: tuple[str, Callable[[], None]]) -> Iterator[None]:
                 raise CheckFailed(f"{found}\nLikely mistake: {what}: fix that exercise first. "
                                   f"Its test says: {inner_hint}") from err
         raise
+
+
+def earlier_answers(who: str, *answers: tuple[str, int, Any, Callable[[Any], None]]) -> list:
+    """``earlier_first``'s pairs for the earlier answers that ``who`` calls. Each ``(phrase,
+    exercise, answer, check)``, for example ``("calls your gelu", 1, gelu, check)``, gives "<who>
+    calls your gelu, which fails exercise 1's tests" and ``check(answer)``; an answer that was not
+    given (None) is left out."""
+    return [(f"{who} {phrase}, which fails exercise {exercise}'s tests", functools.partial(check, answer))
+            for phrase, exercise, answer, check in answers if answer is not None]
 
 
 @contextlib.contextmanager

@@ -16,8 +16,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ._core import (CheckFailed, call, earlier_first, expect, expect_close, expect_tensor, fail, forbid, generator,
-                    own_fault)
+from ._core import (CheckFailed, call, earlier_answers, earlier_first, expect, expect_close, expect_tensor, fail,
+                    forbid, generator, own_fault)
 from ._hidden import hidden_generator, hidden_rng, hidden_seed
 
 Pair = tuple[int, int]
@@ -225,21 +225,12 @@ def verify_merges(text: str, merges: dict, num_merges: int, label: str) -> list[
     return ids
 
 
-def _ex1_first(who: str, get_pair_counts, merge_pair) -> list:
-    earlier = []
-    if get_pair_counts is not None:
-        earlier.append((f"{who} calls your get_pair_counts, which fails exercise 1's tests",
-                        lambda: check_get_pair_counts(get_pair_counts)))
-    if merge_pair is not None:
-        earlier.append((f"{who} calls your merge_pair, which fails exercise 1's tests",
-                        lambda: check_merge_pair(merge_pair)))
-    return earlier
-
-
 def check_train_bpe(train_bpe, get_pair_counts=None, merge_pair=None, hidden: bool = False) -> None:
     """train_bpe on texts with ties and several alphabets; get_pair_counts and merge_pair, when
     given, are the exercise 1 answers it calls: a failure caused by them is blamed on them."""
-    with earlier_first(*_ex1_first("train_bpe", get_pair_counts, merge_pair)):
+    earlier = earlier_answers("train_bpe", ("calls your get_pair_counts", 1, get_pair_counts, check_get_pair_counts),
+                              ("calls your merge_pair", 1, merge_pair, check_merge_pair))
+    with earlier_first(*earlier):
         _check_train_bpe(train_bpe, hidden)
 
 
@@ -261,9 +252,8 @@ def check_encode_decode(encode, decode, train_bpe, merge_pair=None, get_pair_cou
     """encode/decode, with merges learned by the student's train_bpe. A failure of encode caused
     by a wrong merge_pair, or by a wrong train_bpe (itself perhaps through get_pair_counts), is
     blamed on those; decode only ever receives ids already checked, so its failures are its own."""
-    earlier = [] if merge_pair is None else [
-        ("encode calls your merge_pair, which fails exercise 1's tests",
-         lambda: check_merge_pair(merge_pair, counts=False))]
+    earlier = earlier_answers("encode", ("calls your merge_pair", 1, merge_pair,
+                                         lambda answer: check_merge_pair(answer, counts=False)))
     earlier.append(("the merges come from your train_bpe, which fails exercise 2's tests",
                     lambda: check_train_bpe(train_bpe, get_pair_counts, merge_pair)))
     with earlier_first(*earlier):

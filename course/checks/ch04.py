@@ -20,7 +20,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ._core import call, earlier_first, expect, expect_tensor, fail, forbid, generator
+from ._core import call, earlier_answers, earlier_first, expect, expect_tensor, fail, forbid, generator
 from ._core import one_thread as _one_thread, same as _same
 from ._hidden import hidden_generator, hidden_rng, hidden_seed
 
@@ -140,20 +140,10 @@ def _check_activations(functions: dict[str, Callable], hidden: bool) -> None:
 def _calls(who: str, gelu=None, silu=None, LayerNorm=None, FeedForward=None) -> list:
     """(what, check) pairs for the earlier answers that ``who`` calls, deepest first: a failure
     that one of them explains is blamed on it (``earlier_first``)."""
-    earlier = []
-    if gelu is not None:
-        earlier.append((f"{who} calls your gelu, which fails exercise 1's tests",
-                        lambda: _check_activations({"gelu": gelu}, False)))
-    if silu is not None:
-        earlier.append((f"{who} calls your silu, which fails exercise 1's tests",
-                        lambda: _check_activations({"silu": silu}, False)))
-    if LayerNorm is not None:
-        earlier.append((f"{who} uses your LayerNorm, which fails exercise 4's tests",
-                        lambda: check_layer_norm(LayerNorm)))
-    if FeedForward is not None:
-        earlier.append((f"{who} uses your FeedForward, which fails exercise 2's tests",
-                        lambda: check_feed_forward(FeedForward)))
-    return earlier
+    return earlier_answers(who, ("calls your gelu", 1, gelu, lambda f: _check_activations({"gelu": f}, False)),
+                           ("calls your silu", 1, silu, lambda f: _check_activations({"silu": f}, False)),
+                           ("uses your LayerNorm", 4, LayerNorm, check_layer_norm),
+                           ("uses your FeedForward", 2, FeedForward, check_feed_forward))
 
 # ----------------------------------------------------------------------------- exercise 2
 

@@ -14,7 +14,6 @@ kernel they are mirrored there, and their state comes back after every call.
 from __future__ import annotations
 
 import copy
-import functools
 import importlib
 import math
 import random
@@ -24,7 +23,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 import torch.nn.utils.clip_grad
 
-from ._core import CheckFailed, call, earlier_first, expect, expect_close, expect_tensor, fail, forbid, generator
+from ._core import (CheckFailed, call, earlier_answers, earlier_first, expect, expect_close, expect_tensor, fail,
+                    forbid, generator)
 from ._hidden import hidden_generator, hidden_rng, hidden_seed
 
 # ----------------------------------------------------------------------------- shared models
@@ -908,14 +908,11 @@ def check_train_resume(train, cross_entropy=None, random_batch=None, AdamW=None,
                        hidden: bool = False) -> None:
     """The earlier answers, when given, are those train calls: a failure that one of them explains
     (an optimizer whose step counts cannot be saved, for example) is blamed on it."""
-    earlier = [(f"train calls your {name}, which fails exercise {number}'s tests", functools.partial(check, answer))
-               for name, number, check, answer in (("cross_entropy", 1, check_cross_entropy, cross_entropy),
-                                                   ("random_batch", 2, check_random_batch, random_batch),
-                                                   ("AdamW", 3, check_adamw, AdamW),
-                                                   ("param_groups", 4, check_param_groups, param_groups),
-                                                   ("lr_at", 5, check_lr_at, lr_at))
-               if answer is not None]
-    with earlier_first(*earlier):
+    with earlier_first(*earlier_answers("train", ("calls your cross_entropy", 1, cross_entropy, check_cross_entropy),
+                                        ("calls your random_batch", 2, random_batch, check_random_batch),
+                                        ("calls your AdamW", 3, AdamW, check_adamw),
+                                        ("calls your param_groups", 4, param_groups, check_param_groups),
+                                        ("calls your lr_at", 5, lr_at, check_lr_at))):
         _check_train_resume(train, hidden)
 
 

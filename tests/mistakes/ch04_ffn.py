@@ -1,5 +1,7 @@
 """Chapter 4: common mistakes, each of which must lose points and get its own hint."""
 
+from dataclasses import replace
+
 from notebook_tools import Mistake
 
 BOTH = {f"ex{k}": (f"ex{k}_visible", f"ex{k}_hidden") for k in range(1, 9)}
@@ -188,22 +190,25 @@ MISTAKES = [
             BOTH["ex5"], "eps goes inside the square root"),
     Mistake("gated_params_down_bias_d_hidden", "ex7_answer", "((2 * d_hidden + d_model) if bias else 0)",
             "(3 * d_hidden if bias else 0)", BOTH["ex7"], "w_down's bias has d_model entries"),
-    # A wrong earlier answer is named as the cause in the exercises that use it.
-    Mistake("feed_forward_after_gelu_erf_over_two", "ex1_answer", "torch.erf(x / math.sqrt(2.0))", "torch.erf(x / 2.0)",
-            BOTH["ex2"], "FeedForward calls your gelu, which fails exercise 1's tests"),
-    Mistake("swiglu_after_silu_is_sigmoid", "ex1_answer", "return x * torch.sigmoid(x)", "return torch.sigmoid(x)",
-            BOTH["ex3"], "SwiGLU calls your silu, which fails exercise 1's tests"),
-    Mistake("blocks_after_layer_norm_unbiased", "ex4_answer",
-            "var = (x32 - mean).pow(2).mean(dim=-1, keepdim=True)", "var = x32.var(dim=-1, keepdim=True)",
-            ("ex6_visible", "ex6_hidden"), "uses your LayerNorm, which fails exercise 4's tests"),
-    Mistake("moe_after_gelu_erf_over_two", "ex1_answer", "torch.erf(x / math.sqrt(2.0))", "torch.erf(x / 2.0)",
-            BOTH["ex8"], "MoE calls your gelu, which fails exercise 1's tests"),
     Mistake("moe_capacity_without_k", "ex8_answer", "capacity = math.ceil(self.capacity_factor * N * k / E)",
             "capacity = math.ceil(self.capacity_factor * N / E)", BOTH["ex8"], "without the factor k it is too small"),
     Mistake("moe_softmax_over_tokens", "ex8_answer", "probs = torch.softmax(self.router(flat).float(), dim=-1)",
             "probs = torch.softmax(self.router(flat).float(), dim=0)", ("ex8_visible",),
             "the routing is top-k of the softmax over the experts"),
 ]
+
+
+# A wrong earlier answer is named as the cause in the exercises that use it.
+_BY_NAME = {m.name: m for m in MISTAKES}
+MISTAKES += [replace(_BY_NAME[base], name=name, failing=failing, hint=hint) for base, name, failing, hint in (
+    ("gelu_erf_over_two", "feed_forward_after_gelu_erf_over_two", BOTH["ex2"],
+     "FeedForward calls your gelu, which fails exercise 1's tests"),
+    ("silu_is_sigmoid", "swiglu_after_silu_is_sigmoid", BOTH["ex3"],
+     "SwiGLU calls your silu, which fails exercise 1's tests"),
+    ("layer_norm_unbiased_variance", "blocks_after_layer_norm_unbiased", BOTH["ex6"],
+     "uses your LayerNorm, which fails exercise 4's tests"),
+    ("gelu_erf_over_two", "moe_after_gelu_erf_over_two", BOTH["ex8"],
+     "MoE calls your gelu, which fails exercise 1's tests"))]
 
 # Graded end to end through the real autograder (each costs a kernel run).
 E2E = {"pre_ln_written_as_post_ln", "layer_norm_stats_in_bf16", "swiglu_width_not_rounded",

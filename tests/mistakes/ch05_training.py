@@ -1,5 +1,7 @@
 """Chapter 5: common mistakes, each of which must lose points and get its own hint."""
 
+from dataclasses import replace
+
 from notebook_tools import Mistake, TwoMistakes
 
 BOTH = {k: (f"ex{k}_visible", f"ex{k}_hidden") for k in range(1, 10)}
@@ -137,11 +139,6 @@ MISTAKES = [
                 cell2="ex3_answer", old2="        for group in self.param_groups:\n            lr, (beta1, beta2)",
                 new2="        self.t = getattr(self, 't', 0) + 1\n        for group in self.param_groups:\n"
                      "            lr, (beta1, beta2)"),
-    TwoMistakes("resume_after_adamw_step_counter_per_call", "ex3_answer", '                t = state["step"]',
-                "                t = self.t", BOTH[9], "train calls your AdamW, which fails exercise 3's tests",
-                cell2="ex3_answer", old2="        for group in self.param_groups:\n            lr, (beta1, beta2)",
-                new2="        self.t = getattr(self, 't', 0) + 1\n        for group in self.param_groups:\n"
-                     "            lr, (beta1, beta2)"),
     TwoMistakes("adamw_group_lr_ignored", "ex3_answer", 'lr, (beta1, beta2), eps, wd = group["lr"], group["betas"]',
                 'lr, (beta1, beta2), eps, wd = self.lr, group["betas"]', BOTH[3], "each param group's own lr",
                 cell2="ex3_answer", old2="        self.state: dict = {}", new2="        self.lr = lr\n        self.state: dict = {}"),
@@ -157,6 +154,12 @@ MISTAKES = [
     Mistake("train_default_betas", "ex9_answer", "AdamW(param_groups(model, 0.1), lr=max_lr, betas=(0.9, 0.95))",
             "AdamW(param_groups(model, 0.1), lr=max_lr)", BOTH[9], "not AdamW's default (0.9, 0.999)"),
 ]
+
+
+# The shared step counter, seen from the resumed run: the blame goes to exercise 3.
+MISTAKES.append(replace(next(m for m in MISTAKES if m.name == "adamw_step_counter_per_call"),
+                        name="resume_after_adamw_step_counter_per_call", failing=BOTH[9],
+                        hint="train calls your AdamW, which fails exercise 3's tests"))
 
 # Graded end to end through the real autograder (each costs a kernel run).
 E2E = {"ce_smoothing_on_ignored", "adamw_state_recreated_every_step", "scaler_never_grows_back",

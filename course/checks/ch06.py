@@ -811,10 +811,6 @@ def check_int8_linear(Int8Linear, hidden: bool = False) -> None:
             fail(f"{label} keeps {', '.join(missing)} outside its buffers.",
                  "register them with self.register_buffer(name, tensor): a buffer moves with .to(device) and is "
                  "saved by state_dict; a plain attribute (or a Parameter, for the bias) is not what the spec asks.")
-        if bias and buffers["bias"].data_ptr() == linear.bias.data_ptr():
-            fail(f"{label}.bias shares its memory with the float layer's bias.",
-                 "register a copy, linear.bias.detach().clone(): the quantised layer must not change when the layer "
-                 "it came from is trained further or freed.")
         q = getattr(module, "weight_int8", None)
         scale = getattr(module, "scale", None)
         expect(isinstance(q, torch.Tensor) and q.dtype == torch.int8 and tuple(q.shape) == (d_out, d_in),

@@ -160,8 +160,6 @@ MISTAKES = [
             ("ex8_visible", "ex8_hidden"), "every position has its own test"),
     Mistake("int8_scale_plain_attribute", "ex6_answer", 'self.register_buffer("scale", scale)',
             "self.scale = scale", ("ex6_visible", "ex6_hidden"), "a buffer moves with .to(device)"),
-    Mistake("int8_bias_shared", "ex6_answer", "linear.bias.detach().clone()", "linear.bias.detach()",
-            ("ex6_visible", "ex6_hidden"), "register a copy, linear.bias.detach().clone()"),
     Mistake("quantize_in_the_weight_dtype", "ex6_answer", "    w = w.float()\n", "",
             ("ex6_visible", "ex6_hidden"), "compute in float32 (w.float())"),
     Mistake("generated_tokens_int32", "ex4_answer", "results.append((torch.stack(tokens), torch.stack(step_logits)))",

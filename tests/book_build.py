@@ -1,6 +1,10 @@
-"""The book's build for its tests, into a temporary folder (executing its pages takes
-minutes). Run beside other tests, it was slower, not faster, on 2 cores: two pages that take
-10 s alone took 300 s each beside the in-process tests (measured), so it runs alone.
+"""The book's build for its tests, into a temporary folder (executing its pages takes about
+7 minutes of one core). It starts when the test session does and runs beside the other tests
+(tests/conftest.py), its kernels on one torch thread each: with their default two threads, two
+pages that take 10 s alone once took 300 s each beside the in-process tests (threads waiting on
+barriers for a thread the other process had descheduled); with one thread, measured beside the
+in-process and grading tests on a loaded machine (load 6), pages took 1.7-3.7 times as long,
+the fair share of the cores.
 
 Sphinx's parallel reading does not help either (measured 2026-12-02, 2 cores): with two jobs, and
 the two Jupyter Book extensions that declare nothing (sphinx_multitoc_numbering,
@@ -10,7 +14,9 @@ not finished after 9 min; one chunk of pages ran alone at the end."""
 
 from __future__ import annotations
 
+import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -21,6 +27,8 @@ from notebook_tools import ROOT
 
 class BuiltBook:
     """A book already built (COURSE_BOOK_HTML=<path to _build/html>): its tests, no build."""
+
+    background = False
 
     def __init__(self, html: str) -> None:
         self.folder = Path(html)
@@ -34,13 +42,17 @@ class BuiltBook:
 
 
 class BookBuild:
+    background = True
+
     def __init__(self) -> None:
         self.folder = Path(tempfile.mkdtemp(prefix="course-book-"))
         jb = Path(sys.executable).with_name("jupyter-book")
         command = [str(jb if jb.exists() else shutil.which("jupyter-book")), "build", str(ROOT), "-W",
                    "--keep-going", "--path-output", str(self.folder)]
         self.log = open(self.folder / "build.log", "w+", encoding="utf-8")
-        self.process = subprocess.Popen(command, stdout=self.log, stderr=subprocess.STDOUT)
+        one_thread = {name: "1" for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")}
+        self.process = subprocess.Popen(command, stdout=self.log, stderr=subprocess.STDOUT,
+                                        env={**os.environ, **one_thread}, start_new_session=True)
 
     def html(self, timeout: float = 2400) -> Path:
         """The built HTML folder; fails with the build's last output if the build failed."""
@@ -50,8 +62,8 @@ class BookBuild:
         return self.folder / "_build" / "html"
 
     def close(self) -> None:
-        if self.process.poll() is None:
-            self.process.kill()
+        if self.process.poll() is None:      # a failed or interrupted session: its kernels too
+            os.killpg(self.process.pid, signal.SIGKILL)
             self.process.wait()
         self.log.close()
         shutil.rmtree(self.folder, ignore_errors=True)

@@ -1,13 +1,17 @@
-"""Checks for chapter 4: activations, the feed-forward network, SwiGLU, LayerNorm and RMSNorm,
-Pre-LN and Post-LN blocks, parameter and activation-memory counts, and a top-k mixture of
-experts with capacity and its load-balancing loss.
+"""Checks for chapter 4: activations, the feed-forward network, SwiGLU from a fused gate-and-up
+matrix and its hidden width, LayerNorm over several trailing dimensions, RMSNorm along any
+axis, a Llama-style decoder block (RMSNorm, RoPE, causal grouped-query attention, SwiGLU;
+Pre-LN or Post-LN), the parameter count of a whole model and the FFN's activation memory, a
+top-k mixture of experts with capacity and its load-balancing loss, and the FFNs' share of a
+model's parameters (predicted, then measured).
 
 Oracles: ``F.gelu`` (both forms), ``F.silu``, ``F.layer_norm`` and ``F.rms_norm`` computed
-here (never in the answers), blocks written out with those built-ins and weights copied into
-the student's layers, hand-derived counts, and a slow per-token loop for the mixture of
-experts. Properties: output statistics of the norms, parameter parity of SwiGLU, a mixture
-with one expert and k = 1 equals the FFN, every routing choice either kept or dropped and no
-expert over its capacity.
+here (never in the answers), a decoder block written with ``F.scaled_dot_product_attention``
+(``enable_gqa``) and a RoPE written as complex multiplication, models built from ``nn``
+modules on the meta device and counted, hand-derived counts, and a slow per-token loop for
+the mixture of experts. Properties: output statistics of the norms, causality of the block,
+a mixture with one expert and k = 1 equals the FFN, every routing choice either kept or
+dropped and no expert over its capacity.
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ._core import call, earlier_answers, earlier_first, expect, expect_tensor, fail, forbid, generator
+from ._core import CheckFailed, call, earlier_answers, earlier_first, expect, expect_tensor, fail, forbid, generator
 from ._core import one_thread as _one_thread, same as _same
 from ._hidden import hidden_generator, hidden_rng, hidden_seed
 
@@ -137,13 +141,15 @@ def _check_activations(functions: dict[str, Callable], hidden: bool) -> None:
                 fail(f"{name} on a {dtype} input differs from the reference.", _diagnose_activation(got.float(), x.float(), name))
 
 
-def _calls(who: str, gelu=None, silu=None, LayerNorm=None, FeedForward=None) -> list:
+def _calls(who: str, gelu=None, silu=None, LayerNorm=None, FeedForward=None, RMSNorm=None, SwiGLU=None) -> list:
     """(what, check) pairs for the earlier answers that ``who`` calls, deepest first: a failure
     that one of them explains is blamed on it (``earlier_first``)."""
     return earlier_answers(who, ("calls your gelu", 1, gelu, lambda f: _check_activations({"gelu": f}, False)),
                            ("calls your silu", 1, silu, lambda f: _check_activations({"silu": f}, False)),
                            ("uses your LayerNorm", 4, LayerNorm, check_layer_norm),
-                           ("uses your FeedForward", 2, FeedForward, check_feed_forward))
+                           ("uses your RMSNorm", 5, RMSNorm, lambda f: _check_rms_norm(f, False, last_axis_only=True)),
+                           ("uses your FeedForward", 2, FeedForward, check_feed_forward),
+                           ("uses your SwiGLU", 3, SwiGLU, lambda f: _check_swiglu(f, False, given_width_only=True)))
 
 # ----------------------------------------------------------------------------- exercise 2
 
@@ -239,37 +245,49 @@ def _check_feed_forward(FeedForward, hidden: bool) -> None:
 # ----------------------------------------------------------------------------- exercise 3
 
 
-def _swiglu_hidden_ref(d_model: int, multiple_of: int) -> int:
-    h = int(8 * d_model / 3)
+def _swiglu_hidden_ref(d_model: int, multiple_of: int, multiplier: float | None = None) -> int:
+    h = int(2 * (4 * d_model) / 3)
+    if multiplier is not None:
+        h = int(multiplier * h)
     return multiple_of * ((h + multiple_of - 1) // multiple_of)
 
 
 def check_swiglu_hidden(swiglu_hidden, hidden: bool = False) -> None:
-    cases = [(768, 64), (4096, 256), (12, 8)]
+    cases = [(768, 64, None), (4096, 256, None), (4096, 1024, 1.3), (12, 8, None), (96, 32, 1.5)]
     if hidden:
         rng = hidden_rng("swiglu_hidden")
-        cases += [(4096, 64), (96, 64), (3, 1), (1536, 128)]
-        cases += [(rng.randrange(1, 9000), rng.choice([1, 8, 16, 32, 64, 128, 256])) for _ in range(8)]
-    for d_model, m in cases:
-        got = call(swiglu_hidden, d_model, m, name="swiglu_hidden")
-        want = _swiglu_hidden_ref(d_model, m)
+        cases += [(4096, 64, None), (3, 1, None), (1536, 128, 2.0), (8192, 4096, 1.3), (5120, 256, 1.3)]
+        cases += [(rng.randrange(1, 9000), rng.choice([1, 8, 16, 32, 64, 128, 256, 1024]),
+                   rng.choice([None, 1.3, 1.5, 0.75, round(rng.uniform(0.5, 2.5), 3)])) for _ in range(10)]
+    for d_model, m, mult in cases:
+        args = (d_model, m) if mult is None else (d_model, m, mult)
+        shown = ", ".join(map(str, args))
+        got = call(swiglu_hidden, *args, name="swiglu_hidden")
+        want = _swiglu_hidden_ref(d_model, m, mult)
         expect(isinstance(got, int) and not isinstance(got, bool),
-               f"swiglu_hidden({d_model}, {m}) returned {type(got).__name__}, expected an int.",
+               f"swiglu_hidden({shown}) returned {type(got).__name__}, expected an int.",
                "return a Python int (use // and int(...)), not a float or a tensor.")
         if got != want:
-            raw = int(8 * d_model / 3)
+            raw = _swiglu_hidden_ref(d_model, 1, mult)
             if got == raw:
-                hint = (f"8 * d_model / 3 = {raw} was not rounded: round it up to a multiple of multiple_of "
+                hint = (f"the width {raw} was not rounded: round it up to a multiple of multiple_of "
                         "so that matrix shapes suit the hardware.")
-            elif got == 4 * d_model:
-                hint = "that is the width of the ungated FFN: SwiGLU has three matrices, so it uses 8/3 d_model."
+            elif mult is not None and got == _swiglu_hidden_ref(d_model, m):
+                hint = ("ffn_dim_multiplier was ignored: multiply the two-thirds width by it (then int) before "
+                        "rounding.")
+            elif mult is not None and got == int(mult * _swiglu_hidden_ref(d_model, m)):
+                hint = ("the multiplier was applied after the rounding, so the result is no longer a multiple of "
+                        "multiple_of: multiply first, round up last.")
+            elif got == 4 * d_model or got == m * ((4 * d_model + m - 1) // m):
+                hint = "that is the width of the ungated FFN: SwiGLU has three matrices, so it starts from 8/3 d_model."
             elif got == (raw // m) * m:
                 hint = "the width was rounded down: round up to the next multiple (ceil), as Llama does."
-            elif got == m * round(8 * d_model / 3 / m):
+            elif got == m * round(raw / m):
                 hint = "the width was rounded to the nearest multiple: round up (ceil), as Llama does."
             else:
-                hint = "hidden = int(8 * d_model / 3), then round up to a multiple of multiple_of."
-            fail(f"swiglu_hidden({d_model}, {m}) returned {got}, expected {want}.", hint)
+                hint = ("hidden = int(2 * 4 * d_model / 3), then int(ffn_dim_multiplier * hidden) when a multiplier is "
+                        "given, then round up to a multiple of multiple_of.")
+            fail(f"swiglu_hidden({shown}) returned {got}, expected {want}.", hint)
 
 
 @_one_thread
@@ -279,47 +297,65 @@ def check_swiglu(SwiGLU, silu=None, hidden: bool = False) -> None:
         _check_swiglu(SwiGLU, hidden)
 
 
-def _check_swiglu(SwiGLU, hidden: bool) -> None:
-    configs = [(24, 16), (48, 64)]
+def _swiglu_variants(x, W, Wd, h) -> list[tuple[torch.Tensor, str]]:
+    gate, up = W[:h], W[h:]
+    f = lambda a, b, act=F.silu: F.linear(act(F.linear(x, a)) * F.linear(x, b), Wd)  # noqa: E731
+    return [(f(up, gate), "the two halves were swapped: rows 0 .. d_hidden - 1 of w_gate_up are the gate (silu goes "
+                          "on them), rows d_hidden .. 2 d_hidden - 1 the up projection."),
+            (f(W[0::2], W[1::2]), "the halves were taken interleaved (even and odd outputs): the gate is the first "
+                                  "contiguous half of w_gate_up's output, up the second (chunk(2, dim=-1))."),
+            (f(W[1::2], W[0::2]), "the halves were taken interleaved: the gate is the first contiguous half of "
+                                  "w_gate_up's output, up the second (chunk(2, dim=-1))."),
+            (f(gate, up, F.gelu), "GELU was used as the gate activation: that is GeGLU; SwiGLU uses silu."),
+            (f(gate, up, torch.sigmoid), "sigmoid(gate) * up is the original GLU: SwiGLU uses silu(gate) = "
+                                         "gate * sigmoid(gate)."),
+            (F.linear(F.silu(F.linear(x, gate) * F.linear(x, up)), Wd),
+             "silu was applied to the product: apply it to the gate only, then multiply by up.")]
+
+
+def _check_swiglu(SwiGLU, hidden: bool, given_width_only: bool = False) -> None:
+    """``given_width_only``: only SwiGLU(d_model, d_hidden), the part that the decoder block calls."""
+    configs = [(24, 16, None, None), (48, 64, None, None), (20, 8, 1.5, None), (10, 64, None, 12)]
     rng = hidden_rng("swiglu")
     if hidden:
-        configs += [(rng.randrange(4, 60), rng.choice([1, 8, 32])) for _ in range(2)] + [(7, 1)]
-    for i, (d_model, m) in enumerate(configs):
+        configs += [(rng.randrange(4, 60), rng.choice([1, 8, 32]), rng.choice([None, 1.3, 0.75]), None)
+                    for _ in range(2)] + [(7, 1, None, None), (rng.randrange(2, 30), 64, None, rng.randrange(1, 40))]
+    if given_width_only:
+        configs = [(16, 64, None, 24), (10, 64, None, 12)]
+    for i, (d_model, m, mult, d_hidden) in enumerate(configs):
         torch.manual_seed(403 + i if not hidden else hidden_seed(f"swiglu/init{i}"))
-        module = call(SwiGLU, d_model, multiple_of=m, name="SwiGLU(...)")
-        h = _swiglu_hidden_ref(d_model, m)
-        wg = _check_linear(module, "w_gate", d_model, h, False, "SwiGLU")
-        wu = _check_linear(module, "w_up", d_model, h, False, "SwiGLU")
+        kwargs = {"multiple_of": m} if d_hidden is None else {}
+        if mult is not None:
+            kwargs["ffn_dim_multiplier"] = mult
+        args = (d_model,) if d_hidden is None else (d_model, d_hidden)
+        shown = ", ".join([*map(str, args), *(f"{k}={v}" for k, v in kwargs.items())])
+        module = call(SwiGLU, *args, name=f"SwiGLU({shown})", **kwargs)
+        h = _swiglu_hidden_ref(d_model, m, mult) if d_hidden is None else d_hidden
+        wgu = _check_linear(module, "w_gate_up", d_model, 2 * h, False, "SwiGLU")
         wd = _check_linear(module, "w_down", h, d_model, False, "SwiGLU")
         n = sum(p.numel() for p in module.parameters())
-        expect(n == 3 * d_model * h, f"SwiGLU({d_model}) has {n} parameters, expected 3 * d_model * hidden = "
-               f"{3 * d_model * h}.", "SwiGLU holds exactly w_gate, w_up and w_down, without biases.")
-        # Parameter parity with the ungated FFN, up to the rounding.
-        ratio = n / (8 * d_model * d_model)
-        expect(1 - 3 / (8 * d_model) - 1e-9 <= ratio <= 1 + 3 * m / (8 * d_model) + 1e-9,
-               f"SwiGLU({d_model}) has {ratio:.3f} times the weights of a 4 * d_model FFN.",
-               "the hidden width 8/3 d_model keeps 3 matrices as large as the FFN's 2.")
+        expect(n == 3 * d_model * h, f"SwiGLU({shown}) has {n} parameters, expected 3 * d_model * d_hidden = "
+               f"{3 * d_model * h}.", "SwiGLU holds exactly w_gate_up and w_down, without biases.")
         g = generator(4030 + i) if not hidden else hidden_generator(f"swiglu/{i}")
-        Wg = _fill(wg, g, 2.0)[0]
-        Wu = _fill(wu, g, 2.0)[0]
+        W = _fill(wgu, g, 2.0)[0]
         Wd = _fill(wd, g)[0]
-        shape = (2, 3, d_model) if not hidden else (rng.randrange(1, 4), rng.randrange(1, 6), d_model)
-        x = torch.randn(shape, generator=g)
-        with forbid((F, "silu"), exercise="SwiGLU with your own silu"):
-            got = _tensor_out(call(module, x, name="SwiGLU.forward"), shape, "SwiGLU output")
-        want = F.linear(F.silu(F.linear(x, Wg)) * F.linear(x, Wu), Wd)
-        if not _same(got, want, 1e-4, 1e-4):
-            if _same(got, F.linear(F.silu(F.linear(x, Wu)) * F.linear(x, Wg), Wd), 1e-4, 1e-4):
-                hint = "the gate and the up projection were swapped: silu goes on w_gate(x), w_up(x) stays linear."
-            elif _same(got, F.linear(F.gelu(F.linear(x, Wg)) * F.linear(x, Wu), Wd), 1e-4, 1e-4):
-                hint = "GELU was used as the gate activation: that is GeGLU; SwiGLU uses silu."
-            elif _same(got, F.linear(torch.sigmoid(F.linear(x, Wg)) * F.linear(x, Wu), Wd), 1e-4, 1e-4):
-                hint = "sigmoid(gate) * up is the original GLU: SwiGLU uses silu(gate) = gate * sigmoid(gate)."
-            elif _same(got, F.linear(F.silu(F.linear(x, Wg) * F.linear(x, Wu)), Wd), 1e-4, 1e-4):
-                hint = "silu was applied to the product: apply it to the gate only, then multiply by up."
-            else:
-                hint = "forward is w_down(silu(w_gate(x)) * w_up(x))."
-            fail(f"SwiGLU output (d_model={d_model}) differs from w_down(silu(w_gate(x)) * w_up(x)).", hint)
+        dtypes = (torch.float32,) if not hidden or i % 2 else (torch.float32, torch.float64)
+        for dtype in dtypes:
+            module.to(dtype)
+            shape = (2, 3, d_model) if not hidden else (rng.randrange(1, 4), rng.randrange(1, 6), d_model)
+            x = torch.randn(shape, generator=g, dtype=torch.float64).to(dtype)
+            with forbid((F, "silu"), exercise="SwiGLU with your own silu"):
+                got = _tensor_out(call(module, x, name="SwiGLU.forward"), shape, "SwiGLU output")
+            expect(got.dtype == dtype, f"SwiGLU returned {got.dtype} for a {dtype} input.",
+                   "build nothing in a fixed dtype: the layers follow the module's dtype.")
+            Wt, Wdt = W.to(dtype), Wd.to(dtype)
+            want = F.linear(F.silu(F.linear(x, Wt[:h])) * F.linear(x, Wt[h:]), Wdt)
+            if not _same(got, want, 1e-4, 1e-4):
+                hint = next((hint for cand, hint in _swiglu_variants(x, Wt, Wdt, h) if _same(got, cand, 1e-4, 1e-4)),
+                            "forward is w_down(silu(gate) * up), with gate, up = the two halves of w_gate_up(x).")
+                fail(f"SwiGLU output ({shown}, {str(dtype)[6:]}) differs from w_down(silu(gate) * up), with gate and "
+                     "up the first and second halves of w_gate_up(x).", hint)
+        module.float()
 
 # ----------------------------------------------------------------------------- exercise 4 and 5
 
@@ -375,29 +411,32 @@ def _diagnose_norm(got: torch.Tensor, x: torch.Tensor, variants: list, want: tor
     return f"{kind} normalises each vector over its last dimension (d_model), with keepdim=True."
 
 
-def _affine_params(module: Any, d: int, cls: str, bias: bool) -> None:
+def _affine_params(module: Any, shape: tuple[int, ...], cls: str, bias: bool) -> None:
     weight = getattr(module, "weight", None)
     expect(isinstance(weight, nn.Parameter), f"{cls} needs a learnable `weight` (an nn.Parameter).",
-           "the affine scale: self.weight = nn.Parameter(torch.ones(d_model)).")
+           "the affine scale: self.weight = nn.Parameter(torch.ones(...)).")
     w0 = weight.detach()
-    expect(tuple(w0.shape) == (d,), f"{cls}.weight has shape {tuple(w0.shape)}, expected ({d},).",
-           "one scale per feature: torch.ones(d_model).")
+    expect(tuple(w0.shape) == shape, f"{cls}.weight has shape {tuple(w0.shape)}, expected {shape}.",
+           "one scale per normalised element: torch.ones(normalized_shape)." if cls == "LayerNorm" else
+           "one scale per feature: torch.ones(d).")
     expect(w0.dtype == torch.float32, f"{cls}.weight is {w0.dtype}, expected float32.",
            "keep the parameters in float32; only the output takes the input's dtype.")
-    if not torch.equal(w0, torch.ones(d)):
-        fail(f"{cls}.weight starts at {w0[:4].tolist()}..., expected ones.",
+    if not torch.equal(w0, torch.ones(shape)):
+        fail(f"{cls}.weight starts at {w0.reshape(-1)[:4].tolist()}..., expected ones.",
              "initialise weight to ones (torch.ones): zeros would make the output zero and cut the gradient."
-             if torch.equal(w0, torch.zeros(d)) else "initialise weight to ones (torch.ones), so that the "
+             if torch.equal(w0, torch.zeros(shape)) else "initialise weight to ones (torch.ones), so that the "
              "layer starts as a pure normalisation.")
     b = getattr(module, "bias", None)
+    n_elements = math.prod(shape)
     if bias:
         expect(isinstance(b, nn.Parameter), f"{cls} needs a learnable `bias` (an nn.Parameter).",
-               "the affine shift: self.bias = nn.Parameter(torch.zeros(d_model)).")
-        expect(tuple(b.detach().shape) == (d,) and torch.equal(b.detach(), torch.zeros(d)),
-               f"{cls}.bias should start as zeros of shape ({d},).", "self.bias = nn.Parameter(torch.zeros(d_model)).")
+               "the affine shift: self.bias = nn.Parameter(torch.zeros(normalized_shape)).")
+        expect(tuple(b.detach().shape) == shape and torch.equal(b.detach(), torch.zeros(shape)),
+               f"{cls}.bias should start as zeros of shape {shape}.",
+               "self.bias = nn.Parameter(torch.zeros(normalized_shape)).")
     else:
         n = sum(p.numel() for p in module.parameters())
-        expect(n == d, f"{cls}({d}) has {n} parameters, expected {d}.",
+        expect(n == n_elements, f"{cls}({n_elements}) has {n} parameters, expected {n_elements}.",
                "RMSNorm has a scale (weight) only: no bias, because it does not centre.")
 
 
@@ -408,44 +447,79 @@ def _norm_eps(module: Any, default: float, cls: str) -> float:
     return eps
 
 
+def _layer_norm_cases(hidden: bool, rng) -> list[tuple[Any, tuple[int, ...]]]:
+    """(the argument given to LayerNorm, the normalised shape)."""
+    cases = [(16, (16,)), ((3, 5), (3, 5)), ((4,), (4,))]
+    if hidden:
+        d = rng.randrange(2, 65)
+        two = (rng.randrange(2, 7), rng.randrange(2, 9))
+        three = (2, rng.randrange(2, 5), 3)
+        cases = [(d, (d,)), (two, two), (list(three), three), (3, (3,)), ((1, 6), (1, 6))]
+    return cases
+
+
+def _last_dims_only(x32: torch.Tensor, w, b, eps: float, k: int) -> torch.Tensor:
+    """LayerNorm over the last dimension only, with the affine parameters of shape (..., k dims)."""
+    mu = x32.mean(-1, keepdim=True)
+    var = x32.var(-1, keepdim=True, unbiased=False)
+    return (x32 - mu) / torch.sqrt(var + eps) * w + b
+
+
 @_one_thread
 def check_layer_norm(LayerNorm, hidden: bool = False) -> None:
     rng = hidden_rng("layer_norm")
-    sizes = [16, 5] if not hidden else [rng.randrange(2, 65), 3, 2]
-    for i, d in enumerate(sizes):
-        module = call(LayerNorm, d, name="LayerNorm(...)")
+    for i, (arg, shape) in enumerate(_layer_norm_cases(hidden, rng)):
+        module = call(LayerNorm, arg, name=f"LayerNorm({arg!r})")
         expect(not any(isinstance(m, nn.LayerNorm) for m in module.modules()),
                "LayerNorm contains an nn.LayerNorm.", "write the normalisation yourself: nn.LayerNorm is the oracle.")
-        _affine_params(module, d, "LayerNorm", bias=True)
+        _affine_params(module, shape, "LayerNorm", bias=True)
         eps = _norm_eps(module, 1e-5, "LayerNorm")
+        n = math.prod(shape)
+        k = len(shape)
         g = generator(404 + i) if not hidden else hidden_generator(f"layer_norm/{i}")
-        w, b = torch.randn(d, generator=g) * 0.5 + 1, torch.randn(d, generator=g)
-        # First with the initial parameters: the output has mean 0 and variance 1 per vector.
-        x = torch.randn(3, 4, d, generator=g) * 5 + 2
+        w, b = torch.randn(shape, generator=g) * 0.5 + 1, torch.randn(shape, generator=g)
+        dims = tuple(range(-k, 0))
+        # First with the initial parameters: the output has mean 0 and variance 1 per normalised block.
+        x = torch.randn(3, 4, *shape, generator=g) * 5 + 2
         with forbid(*_NORMS, exercise="LayerNorm"):
             y = _tensor_out(call(module, x, name="LayerNorm.forward"), tuple(x.shape), "LayerNorm output")
-        var = y.var(-1, unbiased=False)
-        var_in = x.double().var(-1, unbiased=False)
-        if not (_same(y.mean(-1), torch.zeros(3, 4), 1e-4, 0) and _same(var, var_in / (var_in + eps), 1e-3, 1e-3)):
-            fail("with weight = 1 and bias = 0, LayerNorm outputs should have mean 0 and (biased) variance 1 per "
-                 f"vector; got means up to {y.mean(-1).abs().max().item():.3g} and variances in "
-                 f"[{var.min().item():.4g}, {var.max().item():.4g}].",
-                 _diagnose_norm(y, x, _layer_norm_variants(x, torch.ones(d), torch.zeros(d), eps), x, "LayerNorm"))
+        var = y.var(dims, unbiased=False)
+        var_in = x.double().var(dims, unbiased=False)
+        if not (_same(y.mean(dims), torch.zeros(3, 4), 1e-4, 0) and _same(var, var_in / (var_in + eps), 1e-3, 1e-3)):
+            if k > 1 and _same(y, _last_dims_only(x, 1.0, 0.0, eps, k), 1e-4, 1e-4):
+                hint = (f"the statistics were taken over the last dimension only: LayerNorm({arg!r}) normalises over "
+                        f"the last {k} dimensions at once (mean and var accept a tuple of dims).")
+            else:
+                flat = x.reshape(3, 4, n)
+                hint = _diagnose_norm(y.reshape(3, 4, n), flat, _layer_norm_variants(flat, torch.ones(n),
+                                      torch.zeros(n), eps), flat, "LayerNorm")
+            fail(f"LayerNorm({arg!r}) with weight = 1 and bias = 0: outputs should have mean 0 and (biased) variance "
+                 f"1 over each block of shape {shape}; got means up to {y.mean(dims).abs().max().item():.3g} and "
+                 f"variances in [{var.min().item():.4g}, {var.max().item():.4g}].", hint)
         with torch.no_grad():
             module.weight.copy_(w)
             module.bias.copy_(b)
-        for x, label in _norm_inputs(g, d, hidden, rng):
+        for x, label in _norm_inputs(g, n, hidden, rng):
+            x = x.reshape(*x.shape[:-1], *shape)
             with forbid(*_NORMS, exercise="LayerNorm"):
                 got = _tensor_out(call(module, x.clone(), name="LayerNorm.forward"), tuple(x.shape),
                                   f"LayerNorm output ({label})")
             expect(got.dtype == x.dtype, f"LayerNorm returned {got.dtype} for a {x.dtype} input.",
                    "compute the statistics in float32, then cast the result back: .to(x.dtype).")
-            want = F.layer_norm(x.double(), (d,), w.double(), b.double(), eps).to(x.dtype)
+            want = F.layer_norm(x.double(), shape, w.double(), b.double(), eps).to(x.dtype)
             low = x.dtype in (torch.bfloat16, torch.float16)
             tol = 2e-2 if low else 1e-4
             if not torch.isfinite(got).all() or not _same(got.float(), want.float(), tol, tol):
-                fail(f"LayerNorm output ({label}, d_model={d}) differs from the reference.",
-                     _diagnose_norm(got, x, _layer_norm_variants(x.float(), w, b, eps), want, "LayerNorm"))
+                if k > 1 and _same(got.float(), _last_dims_only(x.float(), w, b, eps, k).to(x.dtype).float(), tol, tol):
+                    hint = (f"the statistics were taken over the last dimension only: LayerNorm({arg!r}) normalises "
+                            f"over the last {k} dimensions at once (mean and var accept a tuple of dims).")
+                else:
+                    lead = tuple(x.shape[:x.dim() - k])
+                    flat = x.reshape(*lead, n)
+                    hint = _diagnose_norm(got.reshape(*lead, n), flat, _layer_norm_variants(
+                        flat.float(), w.reshape(n), b.reshape(n), eps), want, "LayerNorm")
+                fail(f"LayerNorm({arg!r}) output ({label}, input shape {tuple(x.shape)}) differs from the "
+                     "reference.", hint)
 
 
 def _rms_norm_variants(x32: torch.Tensor, w, eps: float) -> list[tuple[torch.Tensor, str]]:
@@ -462,313 +536,367 @@ def _rms_norm_variants(x32: torch.Tensor, w, eps: float) -> list[tuple[torch.Ten
     if x32.shape[-1] > 1:
         d = x32.shape[-1]
         out.append((x32 / torch.sqrt(x32.pow(2).sum(-1, keepdim=True) / (d - 1) + eps) * w,
-                    "divide the sum of squares by d_model (the mean), not d_model - 1."))
+                    "divide the sum of squares by d (the mean), not d - 1."))
+    return out
+
+
+def _rms_cases(hidden: bool, rng) -> list[tuple[int, int | None, int]]:
+    """(d, the dim argument or None for the default, the axis of d in the test inputs)."""
+    cases = [(16, None, -1), (6, 1, 1), (5, -2, -2)]
+    if hidden:
+        cases = [(rng.randrange(2, 65), None, -1), (rng.randrange(2, 40), 1, 1), (3, 1, 1),
+                 (rng.randrange(2, 12), -3, -3), (4, -1, -1)]
+    return cases
+
+
+def _rms_on_axis(x: torch.Tensor, w: torch.Tensor, eps: float, dim: int) -> torch.Tensor:
+    """The oracle: F.rms_norm over axis ``dim`` (in float64)."""
+    moved = x.double().movedim(dim, -1)
+    return F.rms_norm(moved, (moved.shape[-1],), w.double(), eps).movedim(-1, dim)
+
+
+def _rms_inputs(g: torch.Generator, d: int, axis: int, hidden: bool, rng) -> list[tuple[torch.Tensor, str]]:
+    """The shared norm inputs, with d moved to ``axis`` (a 4-D image-like input for axis -3)."""
+    out = []
+    for x, label in _norm_inputs(g, d, hidden, rng):
+        if axis == -3:                                          # (..., 2, 1, d) -> (..., d, 2, 1)
+            x = torch.stack([x, x * 0.5 + 0.1], dim=-2).unsqueeze(-2)
+        out.append((x.movedim(-1, axis).contiguous(), label))
     return out
 
 
 @_one_thread
 def check_rms_norm(RMSNorm, hidden: bool = False) -> None:
+    _check_rms_norm(RMSNorm, hidden)
+
+
+def _check_rms_norm(RMSNorm, hidden: bool, last_axis_only: bool = False) -> None:
+    """``last_axis_only``: only the default dim = -1, the part that the decoder block calls."""
     rng = hidden_rng("rms_norm")
-    sizes = [16, 6] if not hidden else [rng.randrange(2, 65), 3]
-    for i, d in enumerate(sizes):
-        module = call(RMSNorm, d, name="RMSNorm(...)")
+    cases = _rms_cases(hidden, rng)
+    if last_axis_only:
+        cases = [case for case in cases if case[1] is None]
+    for i, (d, dim, axis) in enumerate(cases):
+        shown = f"RMSNorm({d})" if dim is None else f"RMSNorm({d}, dim={dim})"
+        module = call(RMSNorm, d, name=shown) if dim is None else call(RMSNorm, d, dim=dim, name=shown)
         expect(not any(isinstance(m, (nn.RMSNorm, nn.LayerNorm)) for m in module.modules()),
                "RMSNorm contains an nn.RMSNorm or nn.LayerNorm.", "write the normalisation yourself: nn.RMSNorm "
                "is the oracle.")
-        _affine_params(module, d, "RMSNorm", bias=False)
+        _affine_params(module, (d,), "RMSNorm", bias=False)
         eps = _norm_eps(module, 1e-6, "RMSNorm")
         g = generator(405 + i) if not hidden else hidden_generator(f"rms_norm/{i}")
-        x = torch.randn(3, 4, d, generator=g) * 5 + 2
+        x = (torch.randn(3, 4, d, generator=g) * 5 + 2).movedim(-1, axis).contiguous()
         with forbid(*_NORMS, exercise="RMSNorm"):
-            y = _tensor_out(call(module, x, name="RMSNorm.forward"), tuple(x.shape), "RMSNorm output")
-        rms = y.pow(2).mean(-1).sqrt()
-        ms_in = x.double().pow(2).mean(-1)
-        if not _same(rms, (ms_in / (ms_in + eps)).sqrt(), 1e-3, 1e-3):
-            fail(f"with weight = 1, RMSNorm outputs should have root mean square 1 per vector; got values in "
-                 f"[{rms.min().item():.4g}, {rms.max().item():.4g}].",
-                 _diagnose_norm(y, x, _rms_norm_variants(x, torch.ones(d), eps), x, "RMSNorm"))
+            y = _tensor_out(call(module, x, name=f"{shown}.forward"), tuple(x.shape), "RMSNorm output")
         w = torch.randn(d, generator=g) * 0.5 + 1
+        first = [(x, "float32 with weight = 1", torch.ones(d), y)]
         with torch.no_grad():
             module.weight.copy_(w)
-        for x, label in _norm_inputs(g, d, hidden, rng):
-            with forbid(*_NORMS, exercise="RMSNorm"):
-                got = _tensor_out(call(module, x.clone(), name="RMSNorm.forward"), tuple(x.shape),
-                                  f"RMSNorm output ({label})")
+        for x, label, weight, got in first + [(x, label, w, None) for x, label in _rms_inputs(g, d, axis, hidden, rng)]:
+            if got is None:
+                with forbid(*_NORMS, exercise="RMSNorm"):
+                    got = _tensor_out(call(module, x.clone(), name=f"{shown}.forward"), tuple(x.shape),
+                                      f"RMSNorm output ({label})")
             expect(got.dtype == x.dtype, f"RMSNorm returned {got.dtype} for a {x.dtype} input.",
                    "compute the statistics in float32, then cast the result back: .to(x.dtype).")
-            want = F.rms_norm(x.double(), (d,), w.double(), eps).to(x.dtype)
+            want = _rms_on_axis(x, weight, eps, axis).to(x.dtype)
             low = x.dtype in (torch.bfloat16, torch.float16)
             tol = 2e-2 if low else 1e-4
-            if not torch.isfinite(got).all() or not _same(got.float(), want.float(), tol, tol):
-                fail(f"RMSNorm output ({label}, d_model={d}) differs from the reference.",
-                     _diagnose_norm(got, x, _rms_norm_variants(x.float(), w, eps), want, "RMSNorm"))
+            if torch.isfinite(got).all() and _same(got.float(), want.float(), tol, tol):
+                continue
+            where = f"{shown}, input shape {tuple(x.shape)}, {label}"
+            shape = [1] * x.dim()
+            shape[axis] = -1
+            x32 = x.float()
+            last_only = (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps) * weight.view(shape)).to(x.dtype)
+            if axis not in (-1, x.dim() - 1) and _same(got.float(), last_only.float(), tol, tol):
+                hint = (f"the root mean square was taken over the last axis: this RMSNorm normalises along axis "
+                        f"{axis} (self.dim), of size {d}: mean(dim=self.dim, keepdim=True).")
+            else:
+                hint = _diagnose_norm(got.movedim(axis, -1), x.movedim(axis, -1),
+                                      _rms_norm_variants(x32.movedim(axis, -1), weight, eps),
+                                      want.movedim(axis, -1), "RMSNorm")
+                hint = hint.replace("over its last dimension (d_model)", f"along axis {axis} (of size {d})")
+            fail(f"RMSNorm output ({where}) differs from the reference.", hint)
 
 # ----------------------------------------------------------------------------- exercise 6
 
 
-class MixingAttention(nn.Module):
-    """A stand-in for attention used by the tests: causal running mean over positions, then a
-    linear map. Its weights come from ``seed``, so the tests can rebuild it exactly."""
-
-    def __init__(self, d_model: int, seed: int):
-        super().__init__()
-        g = torch.Generator().manual_seed(seed)
-        self.proj = nn.Linear(d_model, d_model)
-        with torch.no_grad():
-            self.proj.weight.copy_(torch.randn(d_model, d_model, generator=g) / math.sqrt(d_model))
-            self.proj.bias.copy_(torch.randn(d_model, generator=g) * 0.3)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:   # (B, T, d_model) -> (B, T, d_model)
-        steps = torch.arange(1, x.shape[1] + 1, dtype=x.dtype, device=x.device).view(1, -1, 1)
-        return self.proj(x.cumsum(dim=1) / steps)
+def _rope_oracle(x: torch.Tensor, base: float, interleaved: bool = False) -> torch.Tensor:
+    """RoPE as complex multiplication: entries (j, j + D/2) (or (2j, 2j + 1)) are one complex number."""
+    T, D = x.shape[-2], x.shape[-1]
+    real = torch.float64 if x.dtype == torch.float64 else torch.float32
+    theta = base ** (-torch.arange(0, D, 2, dtype=real) / D)
+    angles = torch.outer(torch.arange(T, dtype=real), theta)                    # (T, D/2)
+    rot = torch.polar(torch.ones_like(angles), angles)
+    if interleaved:
+        z = torch.view_as_complex(x.to(real).reshape(*x.shape[:-1], D // 2, 2).contiguous()) * rot
+        return torch.view_as_real(z).reshape(x.shape).to(x.dtype)
+    z = torch.complex(x[..., :D // 2].to(real), x[..., D // 2:].to(real)) * rot
+    return torch.cat([z.real, z.imag], dim=-1).to(x.dtype)
 
 
-def _block_params(block: Any, d: int, d_ff: int, g: torch.Generator, cls: str) -> dict[str, torch.Tensor]:
-    """Check a block's parts and copy fresh random values into its norms and FFN."""
-    p = {}
-    for ln in ("ln1", "ln2"):
-        norm = getattr(block, ln, None)
-        expect(norm is not None and isinstance(getattr(norm, "weight", None), nn.Parameter)
-               and isinstance(getattr(norm, "bias", None), nn.Parameter),
-               f"{cls} needs `{ln}`, a LayerNorm(d_model) with weight and bias.",
-               f"create self.{ln} = LayerNorm(d_model) (your class from exercise 4) in __init__.")
-        w, b = torch.randn(d, generator=g) * 0.3 + 1, torch.randn(d, generator=g) * 0.3
-        with torch.no_grad():
-            norm.weight.copy_(w)
-            norm.bias.copy_(b)
-        p[f"{ln}.w"], p[f"{ln}.b"] = w, b
-    ffn = getattr(block, "ffn", None)
-    expect(ffn is not None, f"{cls} needs `ffn`, a FeedForward(d_model, d_ff).",
-           "create self.ffn = FeedForward(d_model, d_ff) (your class from exercise 2).")
-    p["w1"], p["b1"] = _fill(_check_linear(ffn, "fc1", d, d_ff, True, "FeedForward"), g, 2.0)
-    p["w2"], p["b2"] = _fill(_check_linear(ffn, "fc2", d_ff, d, True, "FeedForward"), g)
-    return p
+def _decoder_oracle(x: torch.Tensor, p: dict, H: int, H_kv: int, pre: bool, base: float, *, rope: str = "half",
+                    gqa: str = "interleave", causal: bool = True, scale: float | None = None,
+                    layout: str | None = None) -> torch.Tensor:
+    """The block written with built-ins; the keyword arguments make the tests' wrong variants."""
+    B, T, d = x.shape
+    dh = d // H
+
+    def norm(h, w):
+        return F.rms_norm(h, (d,), w.to(h.dtype), 1e-6)
+
+    def attn(h):
+        q = F.linear(h, p["wq"]).view(B, T, H, dh).transpose(1, 2)
+        k = F.linear(h, p["wk"]).view(B, T, H_kv, dh).transpose(1, 2)
+        v = F.linear(h, p["wv"]).view(B, T, H_kv, dh).transpose(1, 2)
+        if rope != "none":
+            q = _rope_oracle(q, base, interleaved=rope == "interleaved")
+            k = _rope_oracle(k, base, interleaved=rope == "interleaved") if rope != "q only" else k
+        if gqa == "tile":
+            k, v = k.repeat(1, H // H_kv, 1, 1), v.repeat(1, H // H_kv, 1, 1)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale, enable_gqa=gqa != "tile")
+        return F.linear(y.transpose(1, 2).reshape(B, T, H * dh), p["wo"])
+
+    def ffn(h):
+        gate, up = F.linear(h, p["wgu"]).chunk(2, dim=-1)
+        return F.linear(F.silu(gate) * up, p["wd"])
+
+    layout = layout or ("pre" if pre else "post")
+    if layout == "pre":
+        x = x + attn(norm(x, p["n1"]))
+        return x + ffn(norm(x, p["n2"]))
+    if layout == "post":
+        x = norm(x + attn(x), p["n1"])
+        return norm(x + ffn(x), p["n2"])
+    if layout == "normalised residual":
+        x = norm(x, p["n1"])
+        x = x + attn(x)
+        x = norm(x, p["n2"])
+        return x + ffn(x)
+    if layout == "one norm":
+        return _decoder_oracle(x, {**p, "n2": p["n1"]}, H, H_kv, pre, base, rope=rope, gqa=gqa, causal=causal,
+                               scale=scale)
+    if layout == "parallel":
+        return x + attn(norm(x, p["n1"])) + ffn(norm(x, p["n2"]))
+    raise ValueError(layout)
 
 
-def _ln(x, p, name):
-    return F.layer_norm(x, (x.shape[-1],), p[f"{name}.w"], p[f"{name}.b"], 1e-5)
-
-
-def _ffn(x, p):
-    return _ffn_ref(x, p["w1"], p["b1"], p["w2"], p["b2"])
-
-
-def _pre_ln(x, attn, p):
-    x = x + attn(_ln(x, p, "ln1"))
-    return x + _ffn(_ln(x, p, "ln2"), p)
-
-
-def _post_ln(x, attn, p):
-    x = _ln(x + attn(x), p, "ln1")
-    return _ln(x + _ffn(x, p), p, "ln2")
-
-
-def _block_variants(x, attn, p, pre: bool) -> list[tuple[torch.Tensor, str]]:
-    q = {**p, "ln2.w": p["ln1.w"], "ln2.b": p["ln1.b"]}
-    out = [(_post_ln(x, attn, p) if pre else _pre_ln(x, attn, p),
-            "x = LN(x + f(x)) is Post-LN; Pre-LN normalises the input of each sublayer and adds its output to the "
-            "un-normalised x: x = x + f(LN(x))." if pre else
-            "x = x + f(LN(x)) is Pre-LN; Post-LN adds first and normalises the sum: x = LN(x + f(x))."),
-           ((_pre_ln if pre else _post_ln)(x, attn, q), "ln1 was used for both sublayers: the FFN uses ln2.")]
+def _decoder_variants(x, p, H, H_kv, pre, base) -> list[tuple[torch.Tensor, str]]:
+    dh = x.shape[-1] // H
+    o = functools.partial(_decoder_oracle, x, p, H, H_kv, pre, base)
+    out = [(o(layout="post" if pre else "pre"),
+            "x = norm(x + f(x)) is Post-LN; Pre-LN normalises the input of each sublayer and adds its output to the "
+            "un-normalised x: x = x + f(norm(x))." if pre else
+            "x = x + f(norm(x)) is Pre-LN; Post-LN adds first and normalises the sum: x = norm(x + f(x))."),
+           (o(rope="interleaved"), "RoPE paired neighbouring entries (2j, 2j + 1): this block uses the half-split "
+                                   "pairing, entry j with entry j + d_head/2 (rotate_half)."),
+           (o(rope="none"), "queries and keys were not rotated: apply RoPE to both, after splitting into heads."),
+           (o(rope="q only"), "only the queries were rotated: RoPE rotates the keys too (never the values)."),
+           (o(causal=False), "there is no causal mask: position t may see positions 0 .. t only."),
+           (o(scale=1.0), f"the scores were not scaled: divide them by sqrt(d_head) = {math.sqrt(dh):.4g}."),
+           (o(scale=1 / math.sqrt(x.shape[-1])), "the scores were scaled by 1/sqrt(d_model): the scale is "
+                                                 "1/sqrt(d_head)."),
+           (o(layout="one norm"), "norm1 was used for both sublayers: the FFN uses norm2.")]
+    if H_kv not in (1, H):
+        out.append((o(gqa="tile"), "query head h was given key/value head h % n_kv_heads (repeat tiles the "
+                                   "heads): it uses head h // (n_heads // n_kv_heads) (repeat_interleave)."))
     if pre:
-        h = attn(_ln(x, p, "ln1"))
-        out.append((h + _ffn(_ln(h, p, "ln2"), p),
-                    "the attention sublayer has no residual connection: x = x + attn(ln1(x))."))
-        h1 = _ln(x, p, "ln1")
-        x1 = h1 + attn(h1)
-        h2 = _ln(x1, p, "ln2")
-        out.append((h2 + _ffn(h2, p), "the residual carries the normalised x: keep the un-normalised x on the "
-                                      "residual path (x = x + attn(ln1(x)), not x = ln1(x); x = x + attn(x))."))
-        out.append((x + attn(_ln(x, p, "ln1")) + _ffn(_ln(x, p, "ln2"), p),
-                    "both sublayers read the block's input: the FFN must see the output of the attention sublayer "
-                    "(run them one after the other, updating x)."))
-        out.append((_ln(_pre_ln(x, attn, p), p, "ln2"), "a Pre-LN block does not normalise its output: the final "
-                                                        "norm belongs at the end of the stack, once."))
-    else:
-        x1 = _ln(attn(x), p, "ln1")
-        out.append((_ln(x1 + _ffn(x1, p), p, "ln2"),
-                    "the attention sublayer has no residual connection: x = ln1(x + attn(x))."))
+        out += [(o(layout="normalised residual"), "the residual carries the normalised x: keep the un-normalised x "
+                                                  "on the residual path (x = x + attn(norm1(x)))."),
+                (o(layout="parallel"), "both sublayers read the block's input: the FFN must see the output of the "
+                                       "attention sublayer (run them one after the other, updating x).")]
     return out
 
 
-def _check_block(Block, pre: bool, hidden: bool) -> None:
-    cls = "PreLNBlock" if pre else "PostLNBlock"
-    rng = hidden_rng(f"block/{cls}")
-    configs = [(8, 32, 5)] if not hidden else [(rng.randrange(2, 24), rng.randrange(4, 64), rng.randrange(1, 8)),
-                                               (3, 5, 2)]
-    for i, (d, d_ff, T) in enumerate(configs):
-        seed = 406 + i if not hidden else hidden_seed(f"block/{cls}/attn{i}")
-        attn = MixingAttention(d, seed)
-        torch.manual_seed(4060 + i if not hidden else hidden_seed(f"block/{cls}/init{i}"))
-        block = call(Block, d, d_ff, attn, name=f"{cls}(...)")
-        expect(getattr(block, "attn", None) is attn, f"{cls}.attn is not the attention module it was given.",
-               "store the given module as self.attn (do not build a new one).")
-        g = generator(4061 + i) if not hidden else hidden_generator(f"block/{cls}/{i}")
-        p = _block_params(block, d, d_ff, g, cls)
-        n = sum(q.numel() for q in block.parameters())
-        want_n = sum(q.numel() for q in attn.parameters()) + 2 * d * d_ff + d_ff + d + 4 * d
-        expect(n == want_n, f"{cls} has {n} parameters, expected {want_n} (attention + FFN + two LayerNorms).",
-               "a block holds attn, ln1, ln2 and ffn, nothing more.")
-        x = torch.randn(2, T, d, generator=g) * 2 + 0.5
-        with forbid(*_NORMS, exercise="LayerNorm"):
-            got = _tensor_out(call(block, x, name=f"{cls}.forward"), (2, T, d), f"{cls} output")
-        with torch.no_grad():
-            want = (_pre_ln if pre else _post_ln)(x, attn, p)
-            if not _same(got, want, 1e-4, 1e-4):
-                for cand, hint in _block_variants(x, attn, p, pre):
-                    if _same(got, cand, 1e-4, 1e-4):
-                        break
-                else:
-                    hint = ("x = x + attn(ln1(x)); x = x + ffn(ln2(x))." if pre else
-                            "x = ln1(x + attn(x)); x = ln2(x + ffn(x)).")
-                fail(f"{cls} output differs from the reference ({'Pre' if pre else 'Post'}-LN with the same "
-                     "attention, norms and FFN).", hint)
-
-
-@_one_thread
-def check_pre_ln_block(PreLNBlock, LayerNorm=None, FeedForward=None, gelu=None, hidden: bool = False) -> None:
-    """LayerNorm, FeedForward and gelu, when given, are the earlier answers the block uses."""
-    with earlier_first(*_calls("PreLNBlock", gelu=gelu, LayerNorm=LayerNorm, FeedForward=FeedForward)):
-        _check_block(PreLNBlock, True, hidden)
-
-
-@_one_thread
-def check_post_ln_block(PostLNBlock, LayerNorm=None, FeedForward=None, gelu=None, hidden: bool = False) -> None:
-    """LayerNorm, FeedForward and gelu, when given, are the earlier answers the block uses."""
-    with earlier_first(*_calls("PostLNBlock", gelu=gelu, LayerNorm=LayerNorm, FeedForward=FeedForward)):
-        _check_block(PostLNBlock, False, hidden)
-
-
-@_one_thread
-def check_transformer_stack(TransformerStack, LayerNorm=None, FeedForward=None, gelu=None,
-                            hidden: bool = False) -> None:
-    """LayerNorm, FeedForward and gelu, when given, are the earlier answers the stack's blocks use."""
-    with earlier_first(*_calls("TransformerStack", gelu=gelu, LayerNorm=LayerNorm, FeedForward=FeedForward)):
-        _check_transformer_stack(TransformerStack, hidden)
-
-
-def _check_transformer_stack(TransformerStack, hidden: bool) -> None:
-    rng = hidden_rng("transformer_stack")
-    configs = [(8, 16, 3, True), (8, 16, 2, False)]
+def _decoder_cases(hidden: bool, rng) -> list[tuple]:
+    """(d_model, n_heads, n_kv_heads, d_hidden, pre_ln, T, dtype)."""
+    cases = [(16, 4, 2, 24, True, 5, torch.float32), (12, 2, 1, 16, False, 4, torch.float32)]
     if hidden:
-        configs = [(rng.randrange(2, 17), rng.randrange(4, 33), rng.randrange(1, 5), pre) for pre in (True, False)]
-    for i, (d, d_ff, n_layers, pre) in enumerate(configs):
-        base = 407 * 100 + 10 * i if not hidden else hidden_seed(f"transformer_stack/attn{i}") % 10**9
-        make_attn = functools.partial(_make_mixing, d, base)
-        torch.manual_seed(4070 + i if not hidden else hidden_seed(f"transformer_stack/init{i}"))
-        stack = call(TransformerStack, d, d_ff, n_layers, make_attn, pre_ln=pre, name="TransformerStack(...)")
-        blocks = getattr(stack, "blocks", None)
-        expect(isinstance(blocks, nn.ModuleList) and len(blocks) == n_layers,
-               f"TransformerStack(..., n_layers={n_layers}) needs `blocks`, an nn.ModuleList of {n_layers} blocks.",
-               "self.blocks = nn.ModuleList([...]) with one block per layer, each with make_attn(layer_index).")
-        g = generator(4071 + i) if not hidden else hidden_generator(f"transformer_stack/{i}")
-        params = [_block_params(blocks[j], d, d_ff, g, "each block") for j in range(n_layers)]
-        attns = [MixingAttention(d, base + j) for j in range(n_layers)]
-        ln_f = getattr(stack, "ln_f", "missing")
-        if pre:
-            expect(ln_f is not None and not isinstance(ln_f, str) and isinstance(getattr(ln_f, "weight", None), nn.Parameter),
-                   "a Pre-LN TransformerStack needs `ln_f`, a final LayerNorm(d_model).",
-                   "a Pre-LN stack never normalises its residual stream inside the blocks: add the final norm "
-                   "self.ln_f = LayerNorm(d_model) and apply it after the last block.")
-            wf, bf = torch.randn(d, generator=g) * 0.3 + 1, torch.randn(d, generator=g) * 0.3
+        cases = []
+        for pre in (True, False):
+            H = rng.choice([2, 4, 6])
+            H_kv = rng.choice([k for k in (1, 2, 3, 6) if H % k == 0 and k < H] or [1])
+            dh = rng.choice([2, 4, 6, 8])
+            cases.append((H * dh, H, H_kv, rng.randrange(4, 40), pre, rng.randrange(2, 9), torch.float32))
+        cases += [(24, 6, 3, 20, True, rng.randrange(3, 8), torch.float64),
+                  (16, 4, 4, 12, False, 3, torch.float64), (8, 2, 2, 8, True, 1, torch.float32)]
+    return cases
+
+
+@_one_thread
+def check_decoder_block(DecoderBlock, RMSNorm=None, SwiGLU=None, silu=None, hidden: bool = False) -> None:
+    """RMSNorm, SwiGLU and silu, when given, are the earlier answers the block uses."""
+    with earlier_first(*_calls("DecoderBlock", silu=silu, RMSNorm=RMSNorm, SwiGLU=SwiGLU)):
+        _check_decoder_block(DecoderBlock, hidden)
+
+
+def _check_decoder_block(DecoderBlock, hidden: bool) -> None:
+    rng = hidden_rng("decoder_block")
+    cls = "DecoderBlock"
+    for i, (d, H, H_kv, h, pre, T, dtype) in enumerate(_decoder_cases(hidden, rng)):
+        base = 10000.0 if i % 2 == 0 else 500.0
+        shown = f"DecoderBlock({d}, {H}, {H_kv}, {h}, pre_ln={pre}, base={base})"
+        torch.manual_seed(406 + i if not hidden else hidden_seed(f"decoder_block/init{i}"))
+        block = call(DecoderBlock, d, H, H_kv, h, pre_ln=pre, base=base, name=shown)
+        g = generator(4060 + i) if not hidden else hidden_generator(f"decoder_block/{i}")
+        dh = d // H
+        p = {}
+        for name, d_in, d_out in (("w_q", d, H * dh), ("w_k", d, H_kv * dh), ("w_v", d, H_kv * dh),
+                                  ("w_o", H * dh, d)):
+            p[name.replace("_", "")] = _fill(_check_linear(block, name, d_in, d_out, False, cls), g)[0]
+        for name in ("norm1", "norm2"):
+            norm = getattr(block, name, None)
+            weight = getattr(norm, "weight", None)
+            expect(isinstance(weight, nn.Parameter) and tuple(weight.shape) == (d,) and
+                   sum(q.numel() for q in norm.parameters()) == d,
+                   f"{cls} needs `{name}`, an RMSNorm(d_model) with a weight of shape ({d},) and nothing else.",
+                   f"create self.{name} = RMSNorm(d_model) (your class from exercise 5) in __init__.")
+            p["n" + name[-1]] = torch.randn(d, generator=g) * 0.3 + 1
             with torch.no_grad():
-                ln_f.weight.copy_(wf)
-                ln_f.bias.copy_(bf)
-        else:
-            expect(ln_f is None, "a Post-LN TransformerStack should have ln_f = None.",
-                   "each Post-LN block already ends with a LayerNorm: a final norm would normalise twice.")
-        T = 4 if not hidden else rng.randrange(1, 7)
-        x = torch.randn(2, T, d, generator=g) * 2
-        with forbid(*_NORMS, exercise="LayerNorm"):
-            got = _tensor_out(call(stack, x, name="TransformerStack.forward"), (2, T, d), "TransformerStack output")
+                weight.copy_(p["n" + name[-1]])
+        ffn = getattr(block, "ffn", None)
+        expect(ffn is not None, f"{cls} needs `ffn`, a SwiGLU(d_model, d_hidden).",
+               "create self.ffn = SwiGLU(d_model, d_hidden) (your class from exercise 3).")
+        p["wgu"] = _fill(_check_linear(ffn, "w_gate_up", d, 2 * h, False, "SwiGLU"), g, 2.0)[0]
+        p["wd"] = _fill(_check_linear(ffn, "w_down", h, d, False, "SwiGLU"), g)[0]
+        n = sum(q.numel() for q in block.parameters())
+        want_n = 2 * d * H * dh + 2 * d * H_kv * dh + 3 * d * h + 2 * d
+        expect(n == want_n, f"{shown} has {n} parameters, expected {want_n} (w_q, w_k, w_v, w_o, the SwiGLU and two "
+               "RMSNorms).", "a block holds norm1, norm2, w_q, w_k, w_v, w_o and ffn, nothing more; no biases.")
+        block.to(dtype)
+        x = (torch.randn(2, T, d, generator=g, dtype=torch.float64) * 1.5 + 0.3).to(dtype)
+        with forbid((F, "scaled_dot_product_attention"), *_NORMS, (F, "silu"),
+                    exercise="the decoder block with your own attention, RMSNorm and silu"):
+            got = _tensor_out(call(block, x.clone(), name=f"{shown}.forward"), (2, T, d), f"{cls} output")
+        expect(got.dtype == dtype, f"{cls} returned {got.dtype} for a {dtype} input.",
+               "build the angles and the mask on x's device, and cast cos and sin to x's dtype.")
+        q = {k: v.to(dtype) for k, v in p.items()}
         with torch.no_grad():
-            h = x
-            for attn, p in zip(attns, params):
-                h = (_pre_ln if pre else _post_ln)(h, attn, p)
-            want = F.layer_norm(h, (d,), wf, bf, 1e-5) if pre else h
-            if not _same(got, want, 1e-4, 1e-4):
-                if pre and _same(got, h, 1e-4, 1e-4):
-                    hint = "ln_f was not applied: a Pre-LN stack ends with the final norm after the last block."
-                elif _same(got, _post_stack(x, attns, params) if pre else _pre_stack(x, attns, params), 1e-4, 1e-4):
-                    hint = ("the blocks are of the other kind: pre_ln=True uses PreLNBlock (x = x + f(LN(x))), "
-                            "pre_ln=False PostLNBlock (x = LN(x + f(x))).")
-                else:
-                    hint = ("run the blocks in order, block i built with make_attn(i), then ln_f for Pre-LN.")
-                fail(f"TransformerStack output ({'Pre' if pre else 'Post'}-LN, {n_layers} layers) differs from the "
-                     "reference.", hint)
-
-
-def _make_mixing(d_model: int, base: int, layer: int) -> nn.Module:
-    return MixingAttention(d_model, base + layer)
-
-
-def _pre_stack(x, attns, params):
-    for attn, p in zip(attns, params):
-        x = _pre_ln(x, attn, p)
-    return x
-
-
-def _post_stack(x, attns, params):
-    for attn, p in zip(attns, params):
-        x = _post_ln(x, attn, p)
-    return x
+            want = _decoder_oracle(x, q, H, H_kv, pre, base)
+            if _same(got, want, 1e-4, 1e-4):
+                pass
+            else:
+                hint = next((hint for cand, hint in _decoder_variants(x, q, H, H_kv, pre, base)
+                             if _same(got, cand, 1e-4, 1e-4)), None)
+                if hint is None:
+                    hint = ("test the attention sublayer alone: project, split into heads (B, heads, T, d_head), "
+                            "rotate q and k (half-split RoPE at positions 0 .. T-1), give query head h the key/value "
+                            "head h // group, causal mask, scale 1/sqrt(d_head), merge the heads, w_o; then "
+                            + ("x = x + attn(norm1(x)); x = x + ffn(norm2(x))." if pre else
+                               "x = norm1(x + attn(x)); x = norm2(x + ffn(x))."))
+                fail(f"{shown} output (input {tuple(x.shape)}, {str(dtype)[6:]}) differs from the reference built "
+                     "from F.rms_norm, F.scaled_dot_product_attention and F.silu.", hint)
+        block.float()
+        if hidden and T > 1:
+            # Causality: a change to the last token leaves the earlier outputs alone.
+            x2 = x.clone()
+            x2[:, -1] += 3.0
+            with forbid((F, "scaled_dot_product_attention"), *_NORMS, (F, "silu"),
+                        exercise="the decoder block with your own attention, RMSNorm and silu"):
+                block.to(dtype)
+                got2 = _tensor_out(call(block, x2, name=f"{shown}.forward"), (2, T, d), f"{cls} output")
+                block.float()
+            expect(_same(got2[:, :-1], got[:, :-1], 1e-5, 1e-5), f"{shown}: changing the last token changed the "
+                   "outputs at earlier positions.", "position t may see positions 0 .. t only: mask the scores "
+                                                    "above the diagonal with -inf before the softmax.")
 
 # ----------------------------------------------------------------------------- exercise 7
 
 
-def _ffn_params_ref(d_model: int, d_hidden: int, gated: bool, bias: bool) -> int:
-    if gated:
-        return 3 * d_model * d_hidden + ((2 * d_hidden + d_model) if bias else 0)
-    return 2 * d_model * d_hidden + ((d_hidden + d_model) if bias else 0)
+def _count_oracle(V: int, d: int, L: int, H: int, H_kv: int, h: int, gated: bool, bias: bool, norm: str,
+                  tied: bool) -> int:
+    """Build the model from nn modules on the meta device (shapes only) and count its parameters."""
+    dh = d // H
+    Norm = nn.RMSNorm if norm == "rms" else nn.LayerNorm
+    with torch.device("meta"):
+        model = nn.ModuleDict({"embed": nn.Embedding(V, d), "norm": Norm(d)})
+        blocks = nn.ModuleList()
+        for _ in range(L):
+            ffn = ([nn.Linear(d, h, bias=bias), nn.Linear(d, h, bias=bias)] if gated else
+                   [nn.Linear(d, h, bias=bias)]) + [nn.Linear(h, d, bias=bias)]
+            blocks.append(nn.ModuleList([nn.Linear(d, H * dh, bias=bias), nn.Linear(d, H_kv * dh, bias=bias),
+                                         nn.Linear(d, H_kv * dh, bias=bias), nn.Linear(H * dh, d, bias=bias),
+                                         *ffn, Norm(d), Norm(d)]))
+            if L > 2:   # every block has the same size: count one, multiply
+                break
+        model["blocks"] = blocks
+        head = nn.Linear(d, V, bias=False)
+        if tied:
+            head.weight = model["embed"].weight
+        model["head"] = head
+    one_block = sum(p.numel() for p in blocks[0].parameters()) if L else 0
+    rest = sum(p.numel() for p in model.parameters()) - sum(p.numel() for p in blocks.parameters())
+    return rest + L * one_block
 
 
-def check_ffn_params(ffn_params, hidden: bool = False) -> None:
-    cases = [(768, 3072, False, True, 4_722_432), (768, 3072, False, False, 4_718_592), (4096, 11008, True, False, None),
-             (1024, 2816, True, True, None)]
+_COUNT_CASES = [
+    ((128256, 4096, 32, 32, 8, 14336), dict(gated=True, bias=False, norm="rms", tied=False), "Llama 3 8B"),
+    ((50257, 768, 12, 12, 12, 3072), dict(gated=False, bias=True, norm="layer", tied=True),
+     "GPT-2 small without its position table"),
+    ((32000, 64, 2, 4, 2, 176), {}, "a small model with the defaults"),
+    ((1000, 48, 3, 6, 2, 128), dict(gated=True, bias=True, norm="layer", tied=False), "gated, with biases"),
+]
+
+
+def check_count_params(count_params, hidden: bool = False) -> None:
+    cases = list(_COUNT_CASES)
     if hidden:
-        rng = hidden_rng("ffn_params")
-        cases += [(rng.randrange(1, 9000), rng.randrange(1, 30000), gated, bias, None)
-                  for gated in (False, True) for bias in (True, False)]
-    for d, h, gated, bias, _ in cases:
-        got = call(ffn_params, d, h, gated=gated, bias=bias, name="ffn_params")
-        want = _ffn_params_ref(d, h, gated, bias)
-        if got != want:
-            if got == _ffn_params_ref(d, h, gated, not bias):
-                hint = ("the biases were counted although bias=False." if not bias else
-                        "the biases were left out: fc1 has d_hidden of them, fc2 d_model" +
-                        (", and for the gated form w_gate and w_up have d_hidden each." if gated else "."))
-            elif gated and got == _ffn_params_ref(d, h, False, bias):
-                hint = "the gated FFN has three matrices (w_gate, w_up, w_down), not two."
-            elif bias and got == 2 * d * h + 2 * h:
-                hint = "fc2's bias has d_model entries (its output width), not d_hidden."
-            elif gated and bias and got == 3 * d * h + 3 * h:
-                hint = "w_down's bias has d_model entries (its output width), not d_hidden; w_gate and w_up have d_hidden each."
-            else:
-                hint = "ungated: 2 * d_model * d_hidden (+ d_hidden + d_model biases); gated: 3 * d_model * d_hidden."
-            fail(f"ffn_params({d}, {h}, gated={gated}, bias={bias}) returned {got}, expected {want}.", hint)
-
-
-def check_block_params(block_params, hidden: bool = False) -> None:
-    cases = [(768, 3072), (512, 2048)]
-    if hidden:
-        rng = hidden_rng("block_params")
-        cases += [(rng.randrange(1, 5000), rng.randrange(1, 20000)) for _ in range(4)]
-    for d, d_ff in cases:
-        got = call(block_params, d, d_ff, name="block_params")
-        attn, ffn, norms = 4 * d * d + 4 * d, 2 * d * d_ff + d_ff + d, 4 * d
-        want = attn + ffn + norms
-        if got != want:
-            if got == attn + ffn + 2 * d:
-                hint = "each LayerNorm has a weight and a bias (2 * d_model), and a block has two of them."
-            elif got == attn + ffn:
-                hint = "the two LayerNorms were left out: 2 * 2 * d_model parameters."
-            elif got == 4 * d * d + ffn + norms:
-                hint = "the attention projections have biases too: 4 * d_model of them."
-            elif got == 3 * d * d + 3 * d + ffn + norms:
-                hint = "attention has four projections (q, k, v and the output), not three."
-            else:
-                hint = "attention 4 d^2 + 4 d, FFN 2 d d_ff + d_ff + d, two LayerNorms 4 d."
-            fail(f"block_params({d}, {d_ff}) returned {got}, expected {want}.", hint)
+        rng = hidden_rng("count_params")
+        for j in range(8):
+            H = rng.choice([1, 2, 4, 8, 12, 16, 32, 64])
+            H_kv = rng.choice([k for k in (1, 2, 4, 8, H) if H % k == 0])
+            d = H * rng.choice([8, 16, 64, 128])
+            flags = dict(gated=bool(j & 1), bias=bool(j & 2), norm="layer" if j & 4 else "rms",
+                         tied=rng.random() < 0.5)
+            cases.append(((rng.randrange(2, 200000), d, rng.randrange(1, 100), H, H_kv, rng.randrange(1, 30000)),
+                          flags, "a drawn configuration"))
+        cases.append(((256000, 3072, 28, 16, 16, 24576), dict(tied=True),
+                      "a wide configuration with a large vocabulary"))
+        cases.append(((10, 6, 0, 2, 1, 5), dict(norm="layer"), "no blocks at all"))
+    for (V, d, L, H, H_kv, h), flags, what in cases:
+        flags = {"gated": True, "bias": False, "norm": "rms", "tied": True, **flags}
+        shown = (f"count_params({V}, {d}, {L}, {H}, {H_kv}, {h}, " +
+                 ", ".join(f"{k}={v!r}" for k, v in flags.items()) + f") ({what})")
+        got = call(count_params, V, d, L, H, H_kv, h, name="count_params", **flags)
+        expect(isinstance(got, int) and not isinstance(got, bool), f"{shown} returned {type(got).__name__}, "
+               "expected an int.", "count with integer arithmetic (no division with /, no tensors).")
+        want = _count_oracle(V, d, L, H, H_kv, h, **flags)
+        if got == want:
+            continue
+        dh = d // H
+        one_norm = d if flags["norm"] == "rms" else 2 * d
+        kv = 2 * d * H_kv * dh + (2 * H_kv * dh if flags["bias"] else 0)
+        kv_full = 2 * d * H * dh + (2 * H * dh if flags["bias"] else 0)
+        ffn_bias = ((2 * h + d) if flags["gated"] else (h + d)) if flags["bias"] else 0
+        attn_bias = H * dh + 2 * H_kv * dh + d if flags["bias"] else 0
+        guesses = [
+            (want + V * d, "the output layer was counted although tied=True: it is the embedding matrix itself, "
+                           "counted once." if flags["tied"] else
+             "the embedding and the output layer are two vocab_size x d_model matrices when untied, no more."),
+            (want - V * d, "untied (tied=False), the output layer is a vocab_size x d_model matrix of its own: count "
+                           "it beside the embedding." if not flags["tied"] else
+             "the token embedding (vocab_size x d_model) is missing."),
+            (want + L * (kv_full - kv), "w_k and w_v were counted at full width: with grouped-query attention they "
+                                        "map d_model to n_kv_heads * d_head features."),
+            (want - one_norm, "the final norm after the last block is missing: a model has 2 * n_layers + 1 norms."),
+            (want + L * (d * h + (h if flags["bias"] else 0)) * (-1 if flags["gated"] else 1),
+             "the gated FFN has three matrices (w_gate, w_up, w_down), the ungated one two (fc1, fc2)."),
+            (want - L * ffn_bias - L * attn_bias, "the biases were left out: with bias=True every linear layer of "
+                                                  "the blocks has one (as wide as its output)."),
+            (want - L * attn_bias, "the attention projections have biases too when bias=True."),
+            (want - L * ffn_bias, "the FFN's layers have biases too when bias=True."),
+            (want + (2 * L + 1) * d * (1 if flags["norm"] == "rms" else -1),
+             "an RMSNorm has a weight of d_model only; a LayerNorm a weight and a bias, 2 * d_model."),
+            (want - (2 * L + 1) * one_norm, "the norms were left out: each holds d_model (RMSNorm) or 2 * d_model "
+                                            "(LayerNorm) parameters, two per block and one at the end."),
+        ]
+        if flags["bias"] and flags["gated"]:
+            guesses.append((want + L * (h - d), "w_down's bias has d_model entries (its output width), not d_hidden."))
+        hint = next((hint for value, hint in guesses if got == value and value != want),
+                    "count piece by piece: embedding, per block (w_q, w_k, w_v, w_o, the FFN, two norms), the final "
+                    "norm, and the output layer unless tied.")
+        fail(f"{shown} returned {got:,}, expected {want:,}.", hint)
 
 
 def _bytes_per(dtype: torch.dtype) -> int:
@@ -1050,3 +1178,150 @@ def _check_moe(MoE, hidden: bool) -> None:
            "with a single expert every token is kept with gate 1: check the capacity and the gate normalisation.")
     expect(math.isclose(float(aux.detach()), 1.0, rel_tol=1e-5), f"with one expert aux_loss is {float(aux.detach()):.4g}, expected 1.",
            "aux_loss = n_experts * sum_e f_e * P_e, which is 1 when the load is uniform.")
+
+# ----------------------------------------------------------------------------- exercise 9
+
+
+def _llama3_8b_ffn_share() -> float:
+    d, V, L, h, kv = 4096, 128256, 32, 14336, 8 * 128
+    ffn = 3 * d * h
+    total = 2 * V * d + L * (2 * d * d + 2 * d * kv + ffn + 2 * d) + d
+    return L * ffn / total
+
+
+FFN_SHARE_ANSWER = _llama3_8b_ffn_share()
+
+
+def ffn_share_prediction_passes(predicted_ffn_share) -> bool:
+    """For the exercise's demo, which shows the measurement only once the prediction passes its test."""
+    try:
+        _check_ffn_share_prediction(predicted_ffn_share)
+    except CheckFailed:
+        return False
+    return True
+
+
+def _check_ffn_share_prediction(predicted_ffn_share) -> None:
+    value = call(predicted_ffn_share, name="predicted_ffn_share")
+    try:
+        value = float(value)
+    except (TypeError, ValueError):
+        fail(f"predicted_ffn_share() returned {type(value).__name__}, expected a number.",
+             "return your prediction as a fraction between 0 and 1.")
+    if abs(value - FFN_SHARE_ANSWER) <= 1e-9:
+        return
+    if abs(value - FFN_SHARE_ANSWER) <= 2e-3:
+        fail(f"predicted_ffn_share() is {value!r}: close, but not the exact value derived by hand.",
+             "a rounded decimal (or a value read off a measurement) is not the prediction: return the arithmetic "
+             "that gives it, as a Python expression of the configuration's numbers, exact to float precision.")
+    d, V, L, h = 4096, 128256, 32, 14336
+    ffn = L * 3 * d * h
+    layers = L * (2 * d * d + 2 * d * 1024 + 3 * d * h + 2 * d)
+    guesses = [
+        (ffn / layers, "that is the share of the blocks' parameters only: the question asks for all of them, with "
+                       "the embedding and the output layer (2 x 128256 x 4096) in the total."),
+        (ffn / (layers + V * d + d), "Llama 3 8B's embeddings are untied: the output layer is a second 128256 x 4096 "
+                                     "matrix."),
+        (ffn / (2 * V * d + L * (4 * d * d + 3 * d * h + 2 * d) + d),
+         "w_k and w_v were counted at full width: with 8 key/value heads of 128 features they map 4096 to 1024."),
+        (L * 2 * d * h / (2 * V * d + L * (2 * d * d + 2 * d * 1024 + 2 * d * h + 2 * d) + d),
+         "SwiGLU has three matrices per layer (gate, up, down), not two."),
+        (100 * FFN_SHARE_ANSWER, "return a fraction between 0 and 1, not a percentage."),
+    ]
+    hint = next((hint for v, hint in guesses if abs(value - v) <= 1e-6),
+                "per layer the FFN holds 3 * 4096 * 14336 weights; the total adds attention (w_q and w_o of 4096 x "
+                "4096, w_k and w_v of 4096 x 1024), two norms per layer, the final norm, the embedding and the "
+                "output layer.")
+    fail(f"predicted_ffn_share() is {value:.6g}, which is not the FFNs' share of Llama 3 8B's parameters.", hint)
+
+
+class _Part(nn.Module):
+    """A module class for param_share's tests; it may hold another _Part."""
+
+    def __init__(self, d: int, inner: nn.Module | None = None, bias: bool = True):
+        super().__init__()
+        self.proj = nn.Linear(d, d, bias=bias)
+        self.inner = inner
+
+
+class _SubPart(_Part):
+    pass
+
+
+def _share_cases(g: torch.Generator, hidden: bool, rng) -> list[tuple[nn.Module, type, float, str]]:
+    """(model, part, the share by hand, what the model is)."""
+    torch.manual_seed(409 if not hidden else hidden_seed("param_share/init"))
+    cases = []
+    d = 4 if not hidden else rng.randrange(2, 9)
+    # Two parts beside an embedding: 2 (d*d + d) of V*d + 2 (d*d + d).
+    V = 10 if not hidden else rng.randrange(3, 40)
+    m = nn.ModuleDict({"embed": nn.Embedding(V, d), "a": _Part(d), "b": _Part(d)})
+    cases.append((m, _Part, 2 * (d * d + d) / (V * d + 2 * (d * d + d)), f"an embedding ({V}, {d}) and two parts"))
+    # A part inside a part: each parameter once.
+    m = nn.ModuleList([_Part(d, _Part(d)), nn.Linear(d, 3 * d)])
+    total = 2 * (d * d + d) + 3 * d * d + 3 * d
+    cases.append((m, _Part, 2 * (d * d + d) / total, "a part nested in another part"))
+    # Tied weights: the head shares the embedding's matrix, counted once in the total.
+    m = nn.ModuleDict({"embed": nn.Embedding(V, d), "part": _Part(d, bias=False), "head": nn.Linear(d, V, bias=False)})
+    m["head"].weight = m["embed"].weight
+    cases.append((m, nn.Linear, (d * d + V * d) / (V * d + d * d), "an embedding tied to the output layer"))
+    # A subclass counts; the model itself may be the part.
+    m = _Part(d, _SubPart(d))
+    cases.append((m, _SubPart, 0.5, "the model is a part and holds a subclass of the part asked for"))
+    cases.append((m, _Part, 1.0, "the model itself is the part"))
+    m = nn.ModuleDict({"a": _Part(d), "b": _SubPart(d), "c": nn.Linear(d, d)})
+    cases.append((m, _Part, 2 / 3, "a part, a subclass of it and a linear layer"))
+    if hidden:
+        big, V = rng.randrange(20, 120), rng.randrange(100, 2000)
+        m = nn.ModuleDict({"embed": nn.Embedding(V, big), "ffn": nn.Sequential(_Part(big), _Part(big))})
+        cases.append((m, _Part, 2 * (big * big + big) / (V * big + 2 * (big * big + big)),
+                      f"an embedding ({V}, {big}) and two parts in a Sequential"))
+        m = nn.Sequential(*[_Part(d) if j % 2 else nn.Linear(d, d) for j in range(rng.randrange(2, 7))])
+        n_parts = sum(1 for j in range(len(m)) if j % 2)
+        cases.append((m, _Part, n_parts * (d * d + d) / (len(m) * (d * d + d)), f"a stack of {len(m)} layers"))
+    return cases
+
+
+def _share_variants(model: nn.Module, part: type) -> list[tuple[float, str]]:
+    """The shares that the usual wrong answers give, with their hints."""
+    params = list(model.parameters())
+    total = sum(p.numel() for p in params)
+    all_with_dups = sum(p.numel() for _, p in model.named_parameters(remove_duplicate=False))
+    matched = [m for m in model.modules() if isinstance(m, part)]
+    once = {id(p) for m in matched for p in m.parameters()}
+    part_once = sum(p.numel() for p in params if id(p) in once)
+    children = {id(p) for m in model.children() if isinstance(m, part) for p in m.parameters()}
+    out = [(sum(p.numel() for m in matched for p in m.parameters()) / total,
+            "a parameter was counted more than once: a part nested in a part counts once. Collect the ids of the "
+            "parameters in a set, then sum over model.parameters()."),
+           (sum(p.numel() for p in params if id(p) in children) / total,
+            "only the direct children were tested: search model.modules(), which includes the model itself and "
+            "every level of nesting."),
+           (part_once / all_with_dups, "the tied matrix was counted twice in the total: count each tensor once, as "
+                                       "model.parameters() yields it."),
+           (sum(1 for p in params if id(p) in once) / len(params),
+            "that counts tensors: count their elements (p.numel()).")]
+    exact = {id(p) for m in model.modules() if type(m) is part for p in m.parameters()}
+    out.append((sum(p.numel() for p in params if id(p) in exact) / total,
+                "subclasses of part count too: test with isinstance(m, part), not type(m) is part."))
+    return [(v, h) for v, h in out if abs(v - part_once / total) > 1e-12]
+
+
+@_one_thread
+def check_ffn_share(predicted_ffn_share, param_share, hidden: bool = False) -> None:
+    _check_ffn_share_prediction(predicted_ffn_share)
+    rng = hidden_rng("param_share")
+    g = generator(409) if not hidden else hidden_generator("param_share")
+    for model, part, want, what in _share_cases(g, hidden, rng):
+        got = call(param_share, model, part, name="param_share")
+        label = f"param_share(model, {part.__name__}) on {what}"
+        try:
+            value = float(got)
+        except (TypeError, ValueError):
+            fail(f"{label} returned {type(got).__name__}, expected a float.", "return the share as a Python float.")
+        if abs(value - want) <= 1e-9:
+            continue
+        hint = next((h for v, h in _share_variants(model, part) if abs(value - v) <= 1e-9),
+                    "the share is (elements of the parameters inside modules of class part, each tensor once) / "
+                    "(elements of model.parameters()).")
+        fail(f"{label} returned {value:.6g}, expected {want:.6g}.", hint)

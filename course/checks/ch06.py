@@ -3,9 +3,10 @@ memory estimates and speculative decoding.
 
 Oracles: the sampling pipeline written here in float64 (penalty, temperature, top-k, top-p)
 and ``torch.multinomial`` with the same seeded generator; grouped-query attention with RoPE
-over the whole sequence in float64 (the uncached model); a small decoder of our own whose
-uncached logits, teacher-forced on the answer's tokens, every generated step must match; a
-reference beam search; per-row int8 quantisation by its definition; parameter counts checked
+over the whole sequence in float64 (the uncached model); a small decoder of our own, fed each
+prompt alone without padding or cache, whose greedy choice every generated token of the batch
+must be (within 1e-4 of the largest logit), with the inputs of every call recorded; a
+reference beam search; per-group int8 quantisation by its definition; parameter counts checked
 against published totals (Llama-2-7B has 6,738,415,616 parameters); and, for speculative
 decoding, a chi-square test of the emitted tokens against the target distribution with a
 bound at p = 1e-7, so a correct answer fails about once in ten million runs.
@@ -20,7 +21,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ._core import call, earlier_first, expect, expect_close, expect_tensor, fail, generator
+from ._core import CheckFailed, call, earlier_first, expect, expect_close, expect_tensor, fail, generator
 from ._core import one_thread as _one_thread
 from ._hidden import hidden_generator, hidden_rng, hidden_seed
 
@@ -458,21 +459,60 @@ def check_cached_attention(CachedSelfAttention, hidden: bool = False) -> None:
                          unrot[:, :, :start], step)
         i += 1
 
-# ----------------------------------------------------------------------------- exercise 4: generation
+# ----------------------------------------------------------------------------- exercise 4: batched generation
+
+
+def _attend_padded64(x, weights, n_heads, n_kv_heads, base, positions, key_mask, k_past=None, v_past=None):
+    """GQA self-attention with RoPE at per-row positions (B, T) and a key mask (B, T_past + T), in float64.
+    A query sees key j when j is in its causal past and key_mask[b, j]; a row with no such key gives 0."""
+    wq, wk, wv, wo = (w.double() for w in weights)
+    x = x.double()
+    B, T, d = x.shape
+    dh = d // n_heads
+    q = (x @ wq.T).view(B, T, n_heads, dh).transpose(1, 2)
+    k = (x @ wk.T).view(B, T, n_kv_heads, dh).transpose(1, 2)
+    v = (x @ wv.T).view(B, T, n_kv_heads, dh).transpose(1, 2)
+    freqs = base ** (-torch.arange(0, dh, 2, dtype=torch.float64) / dh)
+    angles = positions.double()[:, None, :, None] * freqs                    # (B, 1, T, dh/2)
+    angles = torch.cat((angles, angles), dim=-1)
+
+    def rope(t):
+        t1, t2 = t.chunk(2, dim=-1)
+        return t * angles.cos() + torch.cat((-t2, t1), dim=-1) * angles.sin()
+
+    q, k = rope(q), rope(k)
+    if k_past is not None:
+        k, v = torch.cat((k_past.double(), k), 2), torch.cat((v_past.double(), v), 2)
+    group = n_heads // n_kv_heads
+    T_k = k.shape[2]
+    scores = q @ k.repeat_interleave(group, 1).transpose(-2, -1) / math.sqrt(dh)
+    i, j = torch.arange(T)[:, None], torch.arange(T_k)[None, :]
+    allowed = (j <= i + (T_k - T))[None, None] & key_mask[:, None, None, :]      # (B, 1, T, T_k)
+    scores = scores.masked_fill(~allowed, float("-inf"))
+    weights_ = torch.where(allowed.any(-1, keepdim=True), scores.softmax(-1).nan_to_num(0.0), 0.0)
+    out = (weights_ @ v.repeat_interleave(group, 1)).transpose(1, 2).reshape(B, T, d) @ wo.T
+    return out, k, v
 
 
 class TinyDecoder(nn.Module):
-    """A small decoder built by the checks: ids (B, T), caches -> logits (B, T, V), new caches.
+    """A small decoder built by the checks: ids (B, T), caches, positions (B, T), attention_mask (B, T_past + T)
+    -> logits (B, T, V), new caches.
 
-    Each layer caches (k, v) of shape (B, n_kv_heads, T_total, d_head); the model counts
-    the calls and the tokens it is fed (buffers, so that the grader sees them)."""
+    Token embeddings plus learned absolute position embeddings (so that a wrong position changes the
+    output), then layers of grouped-query attention with RoPE and an MLP. Each layer caches (k, v) of
+    shape (B, n_kv_heads, T_total, d_head). The model records the inputs of its first calls in buffers
+    (the grader gets a module's state back from the student's kernel, not its Python attributes), which
+    the check reads to say what went wrong."""
+
+    MAX_CALLS, MAX_BATCH, MAX_KEYS = 16, 8, 64
 
     def __init__(self, vocab_size: int, d_model: int, n_layers: int, n_heads: int, n_kv_heads: int,
-                 base: float = 10000.0):
+                 base: float = 10000.0, max_positions: int = 64):
         super().__init__()
         self.vocab_size, self.n_heads, self.n_kv_heads, self.base = vocab_size, n_heads, n_kv_heads, base
         d_head = d_model // n_heads
         self.embed = nn.Embedding(vocab_size, d_model)
+        self.pos = nn.Embedding(max_positions, d_model)
         self.attn = nn.ModuleList(nn.ModuleList([nn.Linear(d_model, d_model, bias=False),
                                                  nn.Linear(d_model, n_kv_heads * d_head, bias=False),
                                                  nn.Linear(d_model, n_kv_heads * d_head, bias=False),
@@ -481,116 +521,244 @@ class TinyDecoder(nn.Module):
                                                nn.Linear(2 * d_model, d_model)) for _ in range(n_layers))
         self.norms = nn.ModuleList(nn.LayerNorm(d_model) for _ in range(n_layers))
         self.head = nn.Linear(d_model, vocab_size)
+        C, Bm, K = self.MAX_CALLS, self.MAX_BATCH, self.MAX_KEYS
         self.register_buffer("calls", torch.zeros((), dtype=torch.long))
-        self.register_buffer("tokens_fed", torch.zeros((), dtype=torch.long))
+        self.register_buffer("rec_shape", torch.zeros(C, 3, dtype=torch.long))         # B, T, cached tokens
+        self.register_buffer("rec_ids", torch.zeros(C, Bm, K, dtype=torch.long))
+        self.register_buffer("rec_pos", torch.zeros(C, Bm, K, dtype=torch.long))
+        self.register_buffer("rec_mask", torch.zeros(C, Bm, K, dtype=torch.bool))
+
+    def reset_record(self) -> None:
+        self.calls.zero_()
+
+    def records(self) -> list[dict]:
+        """The inputs of the recorded calls: ids, positions (B, T), mask (B, cached + T), cached."""
+        out = []
+        for c in range(min(int(self.calls), self.MAX_CALLS)):
+            B, T, cached = self.rec_shape[c].tolist()
+            out.append({"ids": self.rec_ids[c, :B, :T].clone(), "positions": self.rec_pos[c, :B, :T].clone(),
+                        "mask": self.rec_mask[c, :B, :cached + T].clone(), "cached": cached})
+        return out
 
     @torch.no_grad()
-    def forward(self, ids: torch.Tensor, kv_caches: list | None = None) -> tuple[torch.Tensor, list]:
+    def forward(self, ids: torch.Tensor, kv_caches: list | None = None, positions: torch.Tensor | None = None,
+                attention_mask: torch.Tensor | None = None) -> tuple[torch.Tensor, list]:
+        B, T = ids.shape
+        past_len = 0 if kv_caches is None else kv_caches[0][0].shape[2]
+        if positions is None:
+            positions = torch.arange(past_len, past_len + T).expand(B, T)
+        if attention_mask is None:
+            attention_mask = torch.ones(B, past_len + T, dtype=torch.bool)
+        expect(kv_caches is None or T == 1,
+               f"the model was called with ids of shape {tuple(ids.shape)} after a cache of {past_len} tokens.",
+               "after the prefill, feed only the token each row just chose, shape (B, 1): the cache already holds "
+               "the keys and values of everything before it.")
+        expect(isinstance(positions, torch.Tensor) and positions.shape == (B, T),
+               f"the model was called with ids of shape {tuple(ids.shape)} and positions of shape "
+               f"{tuple(getattr(positions, 'shape', ()))}.", "positions has one entry per token fed: shape (B, T).")
+        expect(isinstance(attention_mask, torch.Tensor) and attention_mask.shape == (B, past_len + T),
+               f"the model was called with {T} new tokens after a cache of {past_len}, and an attention_mask of "
+               f"shape {tuple(getattr(attention_mask, 'shape', ()))}, expected {(B, past_len + T)}.",
+               "the mask covers every key: the cached tokens and the new ones. Append one True column per "
+               "decode step.")
+        c = int(self.calls)
         self.calls += 1
-        self.tokens_fed += ids.numel()
-        x = self.embed(ids)
+        if c < self.MAX_CALLS and B <= self.MAX_BATCH and past_len + T <= self.MAX_KEYS:
+            self.rec_shape[c] = torch.tensor([B, T, past_len])
+            self.rec_ids[c, :B, :T] = ids.detach().long().cpu()
+            self.rec_pos[c, :B, :T] = positions.detach().long().cpu()
+            self.rec_mask[c, :B, :past_len + T] = attention_mask.detach().bool().cpu()
+        positions = positions.long().clamp(0, self.pos.num_embeddings - 1)
+        x = self.embed(ids) + self.pos(positions)
         new = []
         for layer, (attn, mlp, norm) in enumerate(zip(self.attn, self.mlp, self.norms)):
-            past = None if kv_caches is None else kv_caches[layer]
-            k_past, v_past = (None, None) if past is None else past
-            past_len = 0 if past is None else k_past.shape[2]
-            out, k, v = _attend64(norm(x), [m.weight for m in attn], self.n_heads, self.n_kv_heads, self.base,
-                                  past_len, k_past, v_past)
+            k_past, v_past = (None, None) if kv_caches is None else kv_caches[layer]
+            out, k, v = _attend_padded64(norm(x), [m.weight for m in attn], self.n_heads, self.n_kv_heads,
+                                         self.base, positions, attention_mask.bool(), k_past, v_past)
             x = x + out.to(x.dtype)
             x = x + mlp(x)
             new.append((k.to(x.dtype), v.to(x.dtype)))
         return self.head(x), new
 
 
-def _tiny_model(seed: int, vocab_size: int, d_model: int, n_layers: int, n_heads: int, n_kv_heads: int) -> TinyDecoder:
+def _tiny_model(seed: int, vocab_size: int, d_model: int, n_layers: int, n_heads: int, n_kv_heads: int,
+                dtype: torch.dtype = torch.float32) -> TinyDecoder:
     torch.manual_seed(seed)
     model = TinyDecoder(vocab_size, d_model, n_layers, n_heads, n_kv_heads)
     with torch.no_grad():
         model.head.weight.mul_(4.0)    # sharper logits: clear argmax margins
-    return model.eval()
+    return model.to(dtype).eval()
 
 
-def _teacher_forced(model: TinyDecoder, prompt: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
-    """Uncached logits that predicted each new token: (n, V)."""
-    seq = torch.cat((prompt, new))[None]
-    with torch.no_grad():
-        logits, _ = model(seq)
-    T = len(prompt)
-    return logits[0, T - 1:T - 1 + len(new)]
+def _greedy_alone(model: TinyDecoder, prompt: torch.Tensor, n_new: int) -> list[int]:
+    """The uncached model, one unpadded prompt, greedy, no end token: n_new token ids."""
+    seq = prompt.clone()
+    for _ in range(n_new):
+        logits, _ = model(seq[None])
+        seq = torch.cat((seq, logits[0, -1].argmax()[None]))
+    return seq[len(prompt):].tolist()
+
+
+def _greedy_margins(model: TinyDecoder, prompt: torch.Tensor, new: list[int]) -> list[bool]:
+    """For each new token: is it the argmax (within 1e-4) of the uncached logits that predicted it?"""
+    if not new:
+        return []
+    seq = torch.cat((prompt, torch.tensor(new, dtype=torch.long)))[None]
+    logits, _ = model(seq)
+    want = logits[0, len(prompt) - 1:len(prompt) - 1 + len(new)].double()
+    chosen = want.gather(1, torch.tensor(new)[:, None]).squeeze(1)
+    return (chosen >= want.max(-1).values - 1e-4).tolist()
+
+
+def _pick_eos(continuations: list[list[int]], vocab_size: int) -> int:
+    """An end token that ends the rows at different steps, all before the last one where some token allows it."""
+    def spread(t):
+        firsts = [c.index(t) if t in c else len(c) for c in continuations]
+        all_end_early = max(firsts) < len(continuations[0]) - 1          # then the loop must stop early
+        return (all_end_early, len(set(firsts)), -t)
+    return max(range(vocab_size), key=spread)
+
+
+def _generation_cases(hidden: bool):
+    """(model seeds to try, (vocab, d_model, n_layers, n_heads, n_kv_heads), prompt lengths, max_new_tokens,
+    dtype, g). The first seed whose rows all end before the last step is used (or the last one tried), so
+    that a loop that never stops early is seen."""
+    if not hidden:
+        return [([624], (20, 16, 2, 4, 2), [5, 1, 9], 6, torch.float32, generator(620))]
+    rng, g = hidden_rng("generate"), hidden_generator("generate")
+    cases = []
+    for i in range(3):
+        n_kv = rng.randrange(1, 3)
+        n_heads = n_kv * rng.randrange(1, 3)
+        cfg = (rng.randrange(8, 40), n_heads * 2 * rng.randrange(2, 5), rng.randrange(1, 3), n_heads, n_kv)
+        lengths = [rng.randrange(1, 12) for _ in range(rng.randrange(2, 5))]
+        if len(set(lengths)) == 1:
+            lengths[0] += 1                                     # unequal lengths: some rows are padded
+        dtype = torch.float64 if i == 2 else torch.float32      # a second dtype
+        seeds = [hidden_seed(f"generate/model{i}/{j}") for j in range(20 if i == 0 else 1)]
+        cases.append((seeds, cfg, lengths, rng.randrange(4, 9), dtype, g))
+    return cases
+
+
+def _check_prefill(rec: dict, prompts: list[torch.Tensor], label: str) -> None:
+    B, T0 = len(prompts), max(len(p) for p in prompts)
+    lengths = [len(p) for p in prompts]
+    expect(rec["cached"] == 0 and tuple(rec["ids"].shape) == (B, T0),
+           f"{label}: the first call fed ids of shape {tuple(rec['ids'].shape)} after a cache of {rec['cached']} "
+           f"tokens, expected the padded prompts, ({B}, {T0}), with no cache.",
+           "start with kv_caches=None and feed all prompts at once, left-padded to the longest one (the prefill).")
+    ids, mask, pos = rec["ids"], rec["mask"], rec["positions"]
+    for b, p in enumerate(prompts):
+        L = len(p)
+        if not torch.equal(ids[b, T0 - L:], p):
+            right = torch.equal(ids[b, :L], p)
+            fail(f"{label}: row {b} of the prefill (a prompt of {L} tokens, padded to {T0}) is {ids[b].tolist()}, "
+                 f"expected the prompt at the right end.",
+                 "pad on the LEFT: the last column must hold every row's last real token, since the next token "
+                 "is read from logits[:, -1]." if right else "row b of the prefill holds prompt b, left-padded.")
+        want_mask = torch.arange(T0) >= T0 - L
+        if not torch.equal(mask[b], want_mask):
+            fail(f"{label}: the prefill's attention_mask row {b} (prompt of {L} tokens, padded to {T0}) is "
+                 f"{mask[b].int().tolist()}, expected {want_mask.int().tolist()}.",
+                 "the mask is True for real tokens and False for pads, so that no token attends to a pad; the "
+                 "model adds the causal part itself.")
+        if not torch.equal(pos[b, T0 - L:].long(), torch.arange(L)):
+            hint = "each sequence counts its positions from its own first real token: 0, 1, ..., len - 1."
+            if torch.equal(pos[b, T0 - L:].long(), torch.arange(T0 - L, T0)):
+                hint = ("the positions count from the first column of the padded batch; a left-padded prompt "
+                        "starts at position 0 at its first real token (cumsum of the mask, minus 1).")
+            fail(f"{label}: the prefill's positions for the real tokens of row {b} (prompt of {L} tokens, "
+                 f"padded to {T0}) are {pos[b, T0 - L:].tolist()}, expected {list(range(L))}.", hint)
+
+
+def _check_decode_calls(records: list[dict], prompts, tokens: torch.Tensor, eos_id: int, label: str) -> None:
+    B, T0 = len(prompts), max(len(p) for p in prompts)
+    lengths = torch.tensor([len(p) for p in prompts])
+    prefill_mask = records[0]["mask"]
+    for s, rec in enumerate(records[1:], start=1):                  # the call that chooses token s
+        where = f"{label}: decode call {s}"
+        expect(tuple(rec["ids"].shape) == (B, 1) and rec["cached"] == T0 + s - 1,
+               f"{where} fed ids of shape {tuple(rec['ids'].shape)} after a cache of {rec['cached']} tokens, "
+               f"expected ({B}, 1) after {T0 + s - 1}.",
+               "after the prefill, feed only the token each row just chose, shape (B, 1), with the caches the "
+               "previous call returned.")
+        alive = torch.tensor([eos_id not in tokens[b, :s].tolist() for b in range(B)])
+        fed = rec["ids"][:, 0]
+        if not torch.equal(fed[alive], tokens[alive, s - 1]):
+            fail(f"{where} fed {fed.tolist()}, but the rows still generating had just chosen "
+                 f"{tokens[:, s - 1].tolist()}.", "feed back the tokens chosen at the previous step.")
+        want_pos = lengths + s - 1
+        got_pos = rec["positions"][:, 0].long()
+        if not torch.equal(got_pos[alive], want_pos[alive]):
+            b = int((got_pos != want_pos).logical_and(alive).nonzero()[0])
+            hint = "the token fed at decode step s of row b sits at position len(prompt b) + s - 1."
+            if int(got_pos[b]) == T0 + s - 1:
+                hint = ("the new token's position is counted from the row's own first real token, not from the "
+                        "padded batch's first column: len(prompt b) + s - 1.")
+            elif int(got_pos[b]) == int(lengths[b]):
+                hint = "the position must advance by one at every decode step: len(prompt b) + s - 1."
+            fail(f"{where}: row {b} (prompt of {int(lengths[b])} tokens) got position {int(got_pos[b])}, "
+                 f"expected {int(want_pos[b])}.", hint)
+        want_mask = torch.cat((prefill_mask, torch.ones(B, s, dtype=torch.bool)), dim=1)
+        if not torch.equal(rec["mask"], want_mask):
+            fail(f"{where}: the attention_mask differs from the prefill's mask followed by {s} True column(s).",
+                 "the pads stay masked at every step, and every generated token is a real key: append one True "
+                 "column per step to the prefill's mask.")
 
 
 @_one_thread
-def check_generate(generate, hidden: bool = False) -> None:
-    configs = [(0, (20, 16, 2, 4, 2), [5, 1, 9], 4)]
-    if hidden:
-        rng, g = hidden_rng("generate"), hidden_generator("generate")
-        configs = []
-        for i in range(3):
-            n_kv = rng.randrange(1, 3)
-            n_heads = n_kv * rng.randrange(1, 3)
-            cfg = (rng.randrange(8, 60), n_heads * 2 * rng.randrange(2, 5), rng.randrange(1, 3), n_heads, n_kv)
-            lengths = [rng.randrange(1, 12) for _ in range(rng.randrange(2, 5))]
-            configs.append((hidden_seed(f"generate/model{i}"), cfg, lengths, rng.randrange(1, 7)))
-    else:
-        g = generator(620)
-    for seed, cfg, lengths, n_new in configs:
+def check_generate(generate_batch, hidden: bool = False) -> None:
+    for seeds, cfg, lengths, n_new, dtype, g in _generation_cases(hidden):
         vocab_size = cfg[0]
         prompts = [torch.randint(0, vocab_size, (T,), generator=g) for T in lengths]
-        for use_cache in (True, False):
-            model = _tiny_model(seed or 621, *cfg)
-            result = call(generate, model, [p.clone() for p in prompts], n_new, use_cache=use_cache, name="generate")
-            fed, n_calls = int(model.tokens_fed), int(model.calls)   # before our own forward passes below
-            label = f"generate(model, prompts of lengths {lengths}, max_new_tokens={n_new}, use_cache={use_cache})"
-            expect(isinstance(result, (list, tuple)) and len(result) == len(prompts),
-                   f"{label} should return one (tokens, logits) pair per prompt.",
-                   "return a list with one (new_tokens, step_logits) tuple for each prompt, in order.")
-            verdicts = []
-            for j, (prompt, item) in enumerate(zip(prompts, result)):
-                expect(isinstance(item, (list, tuple)) and len(item) == 2,
-                       f"{label}: item {j} is not a (tokens, logits) pair.", "append (new_tokens, step_logits).")
-                tokens, logits = item
-                expect_tensor(tokens, (n_new,), f"{label}: new tokens of prompt {j}")
-                expect(tokens.dtype == torch.long, f"{label}: the new tokens of prompt {j} are {tokens.dtype}, "
-                       "expected torch.long.", "token ids are int64, like the prompts: build them with argmax "
-                       "(which gives int64) or torch.tensor(..., dtype=torch.long), then feed them back as they are.")
-                expect_tensor(logits, (n_new, vocab_size), f"{label}: step logits of prompt {j}")
-                want = _teacher_forced(model, prompt, tokens.long())
-                ok = _same(logits, want, atol=1e-4, rtol=1e-4)
-                greedy = ok and bool((want.gather(1, tokens.long()[:, None]).squeeze(1) >= want.max(-1).values - 1e-4).all())
-                verdicts.append((ok, greedy))
-            bad = [j for j, (ok, greedy) in enumerate(verdicts) if not (ok and greedy)]
-            cached_count = sum(T + n_new - 1 for T in lengths)
-            full_count = sum(T + s for T in lengths for s in range(n_new))
-            if bad:
-                j = bad[0]
-                hint = ("each step feeds the model, takes the logits at the last position and appends their argmax; "
-                        "the logits returned for a step are those the token was chosen from.")
-                if use_cache and bad[0] > 0 and verdicts[0][0]:
-                    hint = ("reset the cache for each prompt (kv_caches = None before its prefill): the cache of the "
-                            "previous prompt was still there, so this prompt continued it.")
-                elif use_cache and fed == full_count and n_new > 1:
-                    hint = ("with the cache, feed only the newest token after the prefill: feeding the whole sequence "
-                            "again adds its keys to the cache a second time.")
-                elif not verdicts[j][0] and lengths[j] > 1:
-                    first = result[j][1][0]
-                    with torch.no_grad():
-                        l0 = model(prompts[j][None])[0][0, 0]
-                    if _same(first, l0):
-                        hint = "the next token comes from the logits at the last position, logits[:, -1], not [:, 0]."
-                elif verdicts[j][0]:
-                    hint = "greedy decoding appends the argmax of the last logits at every step."
-                fail(f"{label}: prompt {j} (length {lengths[j]}) got tokens {result[j][0].tolist()} whose logits are not "
-                     f"those of the uncached model fed the same sequence.", hint)
-            if use_cache and fed != cached_count:
-                hint = ("prefill the prompt once, then feed one token per step with the cache: the model should see "
-                        f"{cached_count} tokens here, it saw {fed}.")
-                if fed == full_count:
-                    hint = ("use_cache=True must reuse the cache: after the prefill, feed only the newest token "
-                            "(shape (1, 1)) with the caches the last call returned.")
-                fail(f"{label} fed the model {fed} tokens in {n_calls} calls, expected {cached_count}.", hint)
-            if not use_cache and fed != full_count:
-                fail(f"{label} fed the model {fed} tokens, expected {full_count}.",
-                     "use_cache=False must run the whole sequence through the model at every step, without caches.")
+        for seed in seeds:
+            model = _tiny_model(seed, *cfg, dtype=dtype)
+            alone = [_greedy_alone(model, p, n_new) for p in prompts]
+            eos_id = _pick_eos(alone, vocab_size)
+            if all(eos_id in a[:-1] for a in alone):
+                break
+        pad_id = (eos_id + 1) % vocab_size
+        model.reset_record()
+        label = (f"generate_batch(model, prompts of lengths {lengths}, max_new_tokens={n_new}, eos_id={eos_id}, "
+                 f"pad_id={pad_id}) with a {str(dtype).replace('torch.', '')} model")
+        tokens = call(generate_batch, model, [p.clone() for p in prompts], n_new, eos_id, pad_id,
+                      name="generate_batch")
+        n_calls = int(model.calls)
+        records = model.records()
+        B = len(prompts)
+        expect_tensor(tokens, (B, n_new), f"{label}: the new tokens")
+        expect(tokens.dtype == torch.long, f"{label}: the new tokens are {tokens.dtype}, expected torch.long.",
+               "token ids are int64, like the prompts: build the output with torch.full(..., dtype=torch.long).")
+        expect(n_calls > 0, f"{label} never called the model.", "call model(ids, kv_caches, positions, mask).")
+        _check_prefill(records[0], prompts, label)
+        tokens = tokens.detach().cpu()
+        _check_decode_calls(records, prompts, tokens, eos_id, label)
+        # Each row: greedy up to and including its end token, then pad_id.
+        for b, p in enumerate(prompts):
+            row = tokens[b].tolist()
+            end = row.index(eos_id) + 1 if eos_id in row else n_new
+            ok = _greedy_margins(model, p, row[:end])
+            if not all(ok):
+                s = ok.index(False)
+                hint = ("each row's next token is the argmax of the logits at the LAST position, logits[:, -1]; "
+                        "the pads must be masked and the positions counted per row.")
+                if s > 0 and eos_id in alone[b][:s]:
+                    hint = "a row is finished once it has produced eos_id: it continues with pad_id only."
+                fail(f"{label}: row {b} (prompt of {len(p)} tokens) got {row}; its token {s} is not the greedy "
+                     f"choice of the model fed that row alone without padding ({alone[b]} without an end token).",
+                     hint)
+            if any(t != pad_id for t in row[end:]):
+                fail(f"{label}: row {b} got {row}: after its end token {eos_id} (step {end - 1}) it should hold "
+                     f"pad_id={pad_id} only.", "a row is finished once it has produced eos_id: write pad_id in "
+                     "its later places, whatever the model predicts for it.")
+        finished = [t.index(eos_id) + 1 for t in tokens.tolist() if eos_id in t]
+        steps = max(finished) if len(finished) == B else n_new
+        if n_calls != steps:
+            fail(f"{label} called the model {n_calls} times; every row had finished after {steps} step(s), "
+                 f"so {steps} calls were needed.",
+                 "stop as soon as every row has produced eos_id (or max_new_tokens tokens are chosen): the model "
+                 "is not called to choose tokens that are padding anyway." if n_calls > steps else
+                 "call the model once per chosen token: the prefill chooses the first, each decode call the next.")
 
 # ----------------------------------------------------------------------------- exercise 5: beam search
 
@@ -696,111 +864,144 @@ def check_beam_search(beam_search, hidden: bool = False) -> None:
 # ----------------------------------------------------------------------------- exercise 6: int8 weights
 
 
-def _quant_oracle(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    w = w.float()
-    amax = w.abs().amax(dim=1)
+def _groups(w: torch.Tensor, g: int) -> torch.Tensor:
+    """(out, in) -> (out, in // g, g): consecutive columns in groups of g."""
+    return w.float().reshape(w.shape[0], w.shape[1] // g, g)
+
+
+def _quant_oracle(w: torch.Tensor, g: int) -> tuple[torch.Tensor, torch.Tensor]:
+    wg = _groups(w, g)
+    amax = wg.abs().amax(dim=-1)
     scale = torch.where(amax > 0, amax / 127, torch.ones_like(amax))
-    return (w / scale[:, None]).round().clamp(-127, 127).to(torch.int8), scale
+    return (wg / scale[..., None]).round().clamp(-127, 127).to(torch.int8).reshape(w.shape), scale
 
 
-def _weight_cases(hidden: bool) -> list[torch.Tensor]:
+def _expand_scale(scale: torch.Tensor, g: int) -> torch.Tensor:
+    """(out, n_groups) -> (out, n_groups * g): each scale over its group's columns."""
+    return scale.float().repeat_interleave(g, dim=1)
+
+
+def _weight_cases(hidden: bool) -> list[tuple[torch.Tensor, int]]:
     g = generator(640) if not hidden else hidden_generator("int8/weights")
-    w = torch.randn(6, 10, generator=g) * 0.05
-    w[1] = 0.0                                            # an all-zero row
-    w[2, 3] = 2.0                                         # an outlier: it should only coarsen its own row
-    cases = [w, torch.randn(5, 4, generator=g), (torch.randn(4, 6, generator=g) * 3).to(torch.bfloat16)]
+    w = torch.randn(6, 12, generator=g) * 0.05
+    w[1, 4:8] = 0.0                                       # an all-zero group
+    w[2, 3] = 2.0                                         # an outlier: it should only coarsen its own group
+    cases = [(w, 4), (torch.randn(5, 4, generator=g), 4), ((torch.randn(4, 6, generator=g) * 3).to(torch.bfloat16), 2)]
     if hidden:
         rng = hidden_rng("int8")
         for _ in range(4):
-            cases.append(torch.randn(rng.randrange(1, 40), rng.randrange(1, 40), generator=g) * rng.choice([1e-3, 1, 50]))
-        n = rng.randrange(2, 12)
-        sq = torch.randn(n, n, generator=g)
-        sq *= torch.logspace(-6, 3, n)[:, None]           # rows from 1e-6 to 1e3: per-row scales matter
-        cases += [sq, torch.zeros(3, 5), (torch.randn(7, 9, generator=g) * 0.02).to(torch.bfloat16)]
+            size = rng.choice([1, 2, 3, 8, 16])
+            w = torch.randn(rng.randrange(1, 30), size * rng.randrange(1, 6), generator=g) * rng.choice([1e-3, 1, 50])
+            cases.append((w, size))
+        n = rng.randrange(2, 8)
+        sq = torch.randn(n, 4 * n, generator=g)
+        sq *= torch.logspace(-6, 3, 4 * n)[None, :]       # columns from 1e-6 to 1e3: per-group scales matter
+        cases += [(sq, 4), (torch.zeros(3, 6), 3), ((torch.randn(7, 16, generator=g) * 0.02).to(torch.bfloat16), 8)]
     return cases
 
 
-def _diagnose_quant(w: torch.Tensor, q: torch.Tensor, scale: torch.Tensor) -> str:
-    wf = w.float()
-    amax = wf.abs().amax(dim=1)
-    if scale.numel() == 1 and w.shape[0] > 1:
-        return ("use one scale per output channel (row of the weight), not one for the whole tensor: an outlier "
-                "then coarsens only its own row.")
-    if scale.numel() == w.shape[1] and w.shape[0] == w.shape[1] and torch.allclose(
-            scale.float(), (wf.abs().amax(dim=0) / 127).clamp_min(1e-30), rtol=1e-5):
-        return "the scale is per input channel: take the max over each row (dim=1), one scale per output channel."
-    if scale.shape == amax.shape and ((amax == 0) & (scale == 0)).any():
-        return ("an all-zero row gave a zero scale, so w / scale is 0/0 (NaN): use scale 1.0 where the row's max is 0.")
+def _diagnose_quant(w: torch.Tensor, g: int, q: torch.Tensor, scale: torch.Tensor) -> str:
+    wg = _groups(w, g)
+    amax = wg.abs().amax(dim=-1)                           # (out, n_groups)
+    row_max = w.float().abs().amax(dim=1)                  # (out,)
+    s = scale.float()
+    if s.numel() == 1 and amax.numel() > 1:
+        return ("use one scale per group of group_size consecutive columns in each row, not one for the whole "
+                "tensor: an outlier then coarsens only its own group.")
+    if amax.shape[1] > 1 and s.numel() == w.shape[0] and torch.allclose(
+            s.reshape(-1), torch.where(row_max > 0, row_max / 127, torch.ones_like(row_max)), rtol=1e-5):
+        return ("one scale per group of group_size consecutive columns, not one per row: the scale has shape "
+                "(out, in // group_size).")
+    if amax.shape[1] > 1 and s.shape == amax.shape:
+        strided = w.float().reshape(w.shape[0], g, w.shape[1] // g).abs().amax(dim=1)
+        if torch.allclose(s, torch.where(strided > 0, strided / 127, torch.ones_like(strided)), rtol=1e-5):
+            return ("a group is group_size CONSECUTIVE columns: reshape to (out, in // group_size, group_size) and "
+                    "take the max over the last axis; (out, group_size, in // group_size) mixes columns that are "
+                    "in // group_size apart.")
+    if s.shape == amax.shape and ((amax == 0) & (s == 0)).any():
+        return ("an all-zero group gave a zero scale, so w / scale is 0/0 (NaN): use scale 1.0 where the group's max "
+                "is 0.")
     nz = amax > 0
-    if scale.shape == amax.shape and nz.any() and torch.allclose(scale.float()[nz], amax[nz] / 128, rtol=1e-5):
+    if s.shape == amax.shape and nz.any() and torch.allclose(s[nz], amax[nz] / 128, rtol=1e-5):
         return "divide the max by 127, not 128: int8 goes to +127, and a symmetric range is -127..127."
-    if scale.shape == amax.shape and (amax > 0).any() and torch.allclose(
-            scale.float()[amax > 0], (amax / 255)[amax > 0], rtol=1e-5):
+    if s.shape == amax.shape and nz.any() and torch.allclose(s[nz], amax[nz] / 255, rtol=1e-5):
         return "symmetric int8 uses -127..127: scale = max|w| / 127 (255 levels belong to an asymmetric scheme)."
     safe = torch.where(amax > 0, amax / 127, torch.ones_like(amax))
-    if q.shape == w.shape and torch.equal(q.to(torch.int8), (wf / safe[:, None]).trunc().to(torch.int8)):
+    if q.shape == w.shape and torch.equal(q.to(torch.int8), (wg / safe[..., None]).trunc().to(torch.int8).reshape(w.shape)):
         return "round to the nearest integer before converting: .to(torch.int8) truncates toward zero."
-    return "scale = max|w| over each row / 127 (1.0 for an all-zero row); q = round(w / scale), clamped to -127..127."
+    return ("scale = max|w| over each group of group_size consecutive columns / 127 (1.0 for an all-zero group), "
+            "shape (out, in // group_size); q = round(w / scale), clamped to -127..127.")
 
 
 @_one_thread
 def check_quantize_int8(quantize_int8, dequantize_int8, hidden: bool = False) -> None:
-    for w in _weight_cases(hidden):
-        label = f"quantize_int8 of a {tuple(w.shape)} {str(w.dtype).replace('torch.', '')} weight"
-        result = call(quantize_int8, w.clone(), name="quantize_int8")
+    for w, g in _weight_cases(hidden):
+        label = f"quantize_int8 of a {tuple(w.shape)} {str(w.dtype).replace('torch.', '')} weight, group_size={g}"
+        result = call(quantize_int8, w.clone(), g, name="quantize_int8")
         expect(isinstance(result, (tuple, list)) and len(result) == 2, f"{label} should return (q, scale).",
-               "return the int8 weight and the per-row scales as a tuple.")
+               "return the int8 weight and the per-group scales as a tuple.")
         q, scale = result
         expect(isinstance(q, torch.Tensor) and q.dtype == torch.int8,
                f"{label}: q should be an int8 tensor, got {getattr(q, 'dtype', type(q).__name__)}.",
                "convert with .to(torch.int8) after rounding and clamping.")
         expect(isinstance(scale, torch.Tensor), f"{label}: scale should be a tensor.", "return scale as a tensor.")
-        want_q, want_scale = _quant_oracle(w)
-        ok = (tuple(scale.shape) == (w.shape[0],) and scale.dtype == torch.float32
+        want_q, want_scale = _quant_oracle(w, g)
+        ok = (tuple(scale.shape) == tuple(want_scale.shape) and scale.dtype == torch.float32
               and torch.allclose(scale, want_scale, rtol=1e-6, atol=0) and tuple(q.shape) == tuple(w.shape)
-              and bool(((q.float() - w.float() / want_scale[:, None]).abs() <= 0.5 + 1e-3).all())
+              and bool(((q.float() - w.float() / _expand_scale(want_scale, g)).abs() <= 0.5 + 1e-3).all())
               and int(q.min()) >= -127)
         if not ok:
-            hint = _diagnose_quant(w, q, scale)
-            if ok is False and scale.dtype != torch.float32 and scale.shape == want_scale.shape and torch.allclose(
+            hint = _diagnose_quant(w, g, q, scale)
+            if scale.dtype != torch.float32 and scale.shape == want_scale.shape and torch.allclose(
                     scale.float(), want_scale, rtol=1e-2):
                 hint = "compute in float32 (w.float()) and return float32 scales, whatever the weight's dtype."
-            fail(f"{label} is not the symmetric per-channel int8 quantisation.", hint)
+            fail(f"{label} is not the symmetric per-group int8 quantisation.", hint)
         back = call(dequantize_int8, q, scale, name="dequantize_int8")
         expect_tensor(back, tuple(w.shape), f"dequantize_int8 of {label}")
         expect(back.dtype == torch.float32, f"dequantize_int8 returned {back.dtype}, expected float32.",
-               "convert q to float before multiplying: q.float() * scale[:, None].")
-        expect_close(back, q.float() * scale[:, None], f"dequantize_int8 of {label}",
-                     "each row is multiplied by its own scale: q.float() * scale[:, None] (the scales broadcast over "
-                     "the columns, dim 1).", atol=1e-7, rtol=1e-6)
+               "convert q to float before multiplying by the scales.")
+        want_back = q.float() * _expand_scale(scale, g)
+        if not _same(back, want_back, atol=1e-7, rtol=1e-6):
+            hint = ("each scale multiplies the group_size consecutive columns of its group: "
+                    "scale.repeat_interleave(group_size, dim=1), with group_size = q.shape[1] // scale.shape[1].")
+            if scale.shape[1] > 1 and _same(back, q.float() * scale.float().repeat(1, g), atol=1e-7, rtol=1e-6):
+                hint = ("each scale covers group_size CONSECUTIVE columns: repeat_interleave each scale, not repeat "
+                        "the whole row of scales (which gives column j the scale of group j % n_groups).")
+            fail(f"dequantize_int8 of {label} differs from q times the scale of each column's group.", hint)
         err = (back - w.float()).abs()
-        expect(bool((err <= want_scale[:, None] / 2 * (1 + 1e-3) + 1e-12).all()),
-               f"{label}: the round trip error exceeds half a step of its row.",
+        expect(bool((err <= _expand_scale(want_scale, g) / 2 * (1 + 1e-3) + 1e-12).all()),
+               f"{label}: the round trip error exceeds half a step of its group.",
                "round to the nearest level; the error of each weight is at most scale / 2.")
 
 
 @_one_thread
 def check_int8_linear(Int8Linear, hidden: bool = False) -> None:
-    shapes = [(12, 5, True), (6, 6, False)]
+    shapes = [(12, 5, True, 4), (6, 6, False, 3)]
     if hidden:
         rng = hidden_rng("int8_linear")
-        shapes = [(rng.randrange(1, 40), rng.randrange(1, 40), rng.random() < 0.5) for _ in range(3)]
-        shapes += [(rng.randrange(2, 20),) * 2 + (True,)]
-    for i, (d_in, d_out, bias) in enumerate(shapes):
+        shapes = []
+        for _ in range(3):
+            size = rng.choice([1, 2, 4, 8])
+            shapes.append((size * rng.randrange(1, 6), rng.randrange(1, 40), rng.random() < 0.5, size))
+        n = rng.randrange(2, 6)
+        shapes += [(4 * n, 4 * n, True, 4)]
+    for i, (d_in, d_out, bias, gs) in enumerate(shapes):
         torch.manual_seed(641 + i if not hidden else hidden_seed(f"int8_linear/init{i}"))
         linear = nn.Linear(d_in, d_out, bias=bias)
         with torch.no_grad():
             linear.weight[0] *= 30                          # one large row
+            linear.weight[:, 0] *= 10                       # one large input column: it coarsens only group 0
             if bias:
                 linear.bias.add_(1.0)
-        label = f"Int8Linear(nn.Linear({d_in}, {d_out}, bias={bias}))"
-        module = call(Int8Linear, linear, name="Int8Linear(...)")
+        n_groups = d_in // gs
+        label = f"Int8Linear(nn.Linear({d_in}, {d_out}, bias={bias}), group_size={gs})"
+        module = call(Int8Linear, linear, gs, name="Int8Linear(...)")
         expect(isinstance(module, nn.Module), f"{label} should be an nn.Module.", "subclass nn.Module.")
         state = call(module.state_dict, name=f"{label}.state_dict")
         stored = sum(t.numel() * t.element_size() for t in state.values() if isinstance(t, torch.Tensor))
-        limit = d_out * d_in + 4 * d_out + (4 * d_out if bias else 0)
+        limit = d_out * d_in + 4 * d_out * n_groups + (4 * d_out if bias else 0)
         floats = [k for k, t in state.items() if isinstance(t, torch.Tensor) and t.is_floating_point()
-                  and t.numel() == d_in * d_out and d_in * d_out > d_out]
+                  and t.numel() == d_in * d_out and gs > 1]
         if floats or stored > limit:
             fail(f"{label} stores {stored} bytes, expected at most {limit} (int8 weight, float32 scales and bias).",
                  f"store only the int8 weight and its scales (register_buffer), not the float weight as well"
@@ -816,33 +1017,35 @@ def check_int8_linear(Int8Linear, hidden: bool = False) -> None:
         expect(isinstance(q, torch.Tensor) and q.dtype == torch.int8 and tuple(q.shape) == (d_out, d_in),
                f"{label}.weight_int8 should be an int8 tensor of shape {(d_out, d_in)}.",
                "keep the quantised weight in a buffer named weight_int8: self.register_buffer('weight_int8', q).")
-        want_q, want_scale = _quant_oracle(linear.weight.detach())
-        expect(isinstance(scale, torch.Tensor) and scale.shape == want_scale.shape
-               and torch.allclose(scale.float(), want_scale, rtol=1e-6),
-               f"{label}.scale is not the per-row scale of the weight.",
-               "quantise the layer's weight with your quantize_int8 and keep its scale in a buffer named scale.")
+        want_q, want_scale = _quant_oracle(linear.weight.detach(), gs)
+        if not (isinstance(scale, torch.Tensor) and scale.shape == want_scale.shape
+                and torch.allclose(scale.float(), want_scale, rtol=1e-6)):
+            hint = "quantise the layer's weight with your quantize_int8 and keep its scale in a buffer named scale."
+            if isinstance(scale, torch.Tensor) and n_groups > 1 and scale.numel() == d_out:
+                hint = ("quantise with the layer's group_size: quantize_int8(weight, group_size), one scale per "
+                        "group, shape (out, in // group_size), not one per row.")
+            fail(f"{label}.scale is not the per-group scale of the weight, shape {(d_out, n_groups)}.", hint)
         g = generator(642 + i) if not hidden else hidden_generator(f"int8_linear/x{i}")
+        w_hat = (q.double() * scale.double().repeat_interleave(gs, dim=1))
         for shape in ((3, d_in), (2, 4, d_in)):
             x = torch.randn(*shape, generator=g)
             got = call(module, x, name=f"{label}.forward")
             expect_tensor(got, (*shape[:-1], d_out), f"{label} output")
-            ref = F.linear(x.double(), (q.double() * scale.double()[:, None]),
-                           None if linear.bias is None else linear.bias.detach().double())
+            ref = F.linear(x.double(), w_hat, None if linear.bias is None else linear.bias.detach().double())
             if not _same(got, ref, atol=1e-4, rtol=1e-4):
-                hint = "forward is x @ (weight_int8 * scale[:, None]).T + bias, on float copies of the int8 weight."
-                no_bias = F.linear(x.double(), (q.double() * scale.double()[:, None]))
-                if bias and _same(got, no_bias):
+                hint = "forward is x @ dequantised_weight.T + bias, with each column times the scale of its group."
+                if bias and _same(got, F.linear(x.double(), w_hat)):
                     hint = "add the layer's bias: quantisation replaces the weight only."
                 elif _same(got, F.linear(x.double(), linear.weight.detach().double(),
                                          None if linear.bias is None else linear.bias.detach().double())):
                     hint = "forward used the original float weight: compute with the dequantised int8 weight."
                 fail(f"{label} output differs from x @ dequantised_weight.T + bias.", hint)
-            # Against the float layer: each weight is off by at most half a step of its row.
+            # Against the float layer: each weight is off by at most half a step of its group.
             full = linear(x).detach()
-            bound = x.abs().sum(-1, keepdim=True) * want_scale / 2 * (1 + 1e-3) + 1e-5
+            bound = x.abs() @ _expand_scale(want_scale, gs).T / 2 * (1 + 1e-3) + 1e-5
             expect(bool(((got.detach() - full).abs() <= bound).all()),
                    f"{label}: the output is further from the float layer than int8 rounding allows.",
-                   "quantise with round-to-nearest and per-row scales; each weight may move by at most scale / 2.")
+                   "quantise with round-to-nearest and per-group scales; each weight may move by at most scale / 2.")
 
 # ----------------------------------------------------------------------------- exercise 7: memory
 
@@ -933,7 +1136,59 @@ def _random_configs(rng, n: int) -> list[dict]:
     return out
 
 
-def check_memory(count_params, inference_memory_bytes, hidden: bool = False) -> None:
+# The prediction of exercise 7: the KV cache of Qwen2-7B (28 layers, 4 key/value heads of 128) for 8 sequences of
+# 32,768 tokens, in bfloat16.
+KV_PREDICTION = dict(n_layers=28, n_heads=28, n_kv_heads=4, d_head=128, seq_len=32768, batch_size=8, bytes=2)
+
+
+def _kv_bytes(n_layers, n_heads, n_kv_heads, d_head, seq_len, batch_size, bytes) -> int:
+    return 2 * n_layers * n_kv_heads * d_head * seq_len * batch_size * bytes
+
+
+KV_ANSWER = _kv_bytes(**KV_PREDICTION)
+
+
+def _check_kv_prediction(predicted_kv_cache_bytes) -> None:
+    value = call(predicted_kv_cache_bytes)
+    expect(isinstance(value, (int, float)) and not isinstance(value, bool),
+           f"predicted_kv_cache_bytes() returned {type(value).__name__}, expected a number.",
+           "return your prediction as a number of bytes (an int, or the arithmetic that gives it).")
+    if value == KV_ANSWER:
+        return
+    c = KV_PREDICTION
+    guesses = [
+        (KV_ANSWER / 2, "a factor 2 is missing: the cache holds a key AND a value per token, layer and key/value "
+         "head, and each number takes 2 bytes in bfloat16."),
+        (KV_ANSWER * c["n_heads"] / c["n_kv_heads"], "with grouped-query attention the cache holds the n_kv_heads = 4 "
+         "key/value heads, not the 28 query heads (d_model = 28 x 128 is the query width)."),
+        (KV_ANSWER * 2, "bfloat16 takes 2 bytes per number, not 4."),
+        (KV_ANSWER / c["batch_size"], "8 sequences each keep their own cache: multiply by the batch size."),
+        (KV_ANSWER / c["n_layers"], "every one of the 28 layers keeps its own keys and values."),
+        (KV_ANSWER / 4, "both factors of 2 are missing: a key and a value, and 2 bytes per bfloat16 number."),
+        (KV_ANSWER / 2 ** 30, "give the answer in bytes, not GiB."),
+        (KV_ANSWER / 1e9, "give the answer in bytes, not GB."),
+    ]
+    hint = next((h for v, h in guesses if abs(value - v) <= 1e-6 * max(abs(v), 1.0)),
+                "bytes = 2 (a key and a value) x n_layers x n_kv_heads x d_head x tokens x sequences x bytes per "
+                "number.")
+    if abs(value - KV_ANSWER) <= 0.01 * KV_ANSWER:
+        hint = "close, but not exact: a count of bytes is an integer; write the product, not a rounded reading."
+    fail(f"predicted_kv_cache_bytes() is {value:,}, which is not the size of the KV cache asked for (Qwen2-7B, 8 "
+         f"sequences of 32,768 tokens, bfloat16).", hint)
+
+
+def kv_prediction_passes(predicted_kv_cache_bytes) -> bool:
+    """For the exercise's measurement, shown only once the prediction passes its test."""
+    try:
+        _check_kv_prediction(predicted_kv_cache_bytes)
+    except CheckFailed:
+        return False
+    return True
+
+
+def check_memory(count_params, inference_memory_bytes, predicted_kv_cache_bytes=None, hidden: bool = False) -> None:
+    if predicted_kv_cache_bytes is not None:
+        _check_kv_prediction(predicted_kv_cache_bytes)
     configs = [(name, c, want) for name, (c, want) in PUBLISHED.items() if name != "Llama-2-70B"]
     configs.append(("tiny tied", dict(vocab_size=10, d_model=4, n_layers=1, n_heads=2, n_kv_heads=1, d_ff=6,
                                       tie_embeddings=True), 10 * 4 + 2 * 16 + 2 * 4 * 2 + 3 * 4 * 6 + 2 * 4 + 4))

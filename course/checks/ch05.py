@@ -24,7 +24,7 @@ import torch.nn.functional as F
 import torch.nn.utils.clip_grad
 
 from ._core import (CheckFailed, call, earlier_answers, earlier_first, expect, expect_close, expect_tensor, fail,
-                    forbid, generator)
+                    forbid, generator, own_fault)
 from ._hidden import hidden_generator, hidden_rng, hidden_seed
 
 # ----------------------------------------------------------------------------- shared models
@@ -56,11 +56,26 @@ _CE_BUILTINS = ((F, "cross_entropy"), (F, "nll_loss"), (F, "log_softmax"), (F, "
                 (torch.special, "logsumexp"))
 
 
-def _ce_variant(logits, targets, ignore_index, eps, variant):
+def _ce_oracle(logits, targets, ignore_index, eps, z_coef):
+    """F.cross_entropy plus the z-loss term, z_coef * mean over kept positions of logsumexp(z)**2."""
+    V = logits.shape[-1]
+    z, t = logits.reshape(-1, V), targets.reshape(-1)
+    loss = F.cross_entropy(z, t, ignore_index=ignore_index, label_smoothing=eps)
+    if z_coef:
+        keep = t != ignore_index
+        lse = torch.logsumexp(z, dim=-1)
+        loss = loss + z_coef * torch.where(keep, lse ** 2, torch.zeros_like(lse)).sum() / keep.sum()
+    return loss
+
+
+def _ce_variant(logits, targets, ignore_index, eps, variant, z_coef=0.0):
     """Hand-written losses, right or with one known mistake (used to name it)."""
     V = logits.shape[-1]
     z, t = logits.reshape(-1, V).double(), targets.reshape(-1)
     keep = t != ignore_index
+    lse = z.logsumexp(-1)
+    zterm = {"z_not_squared": lse, "z_without_max": (z - z.max(-1, keepdim=True).values).logsumexp(-1) ** 2,
+             }.get(variant, lse ** 2) * z_coef
     if variant == "no_max":
         with torch.no_grad():
             lp = z - z.float().exp().double().sum(-1, keepdim=True).log()
@@ -78,6 +93,9 @@ def _ce_variant(logits, targets, ignore_index, eps, variant):
     else:
         per = (1 - eps) * nll + eps * uniform
     n = keep.sum()
+    if variant == "z_on_ignored":
+        return torch.where(keep, per, 0).sum() / n + zterm.mean()
+    per = per + zterm
     if variant == "mean_all":
         return torch.where(keep, per, 0).sum() / len(t)
     if variant == "ignored_counted":
@@ -98,12 +116,18 @@ _CE_HINTS = [
     ("no_one_minus", "the true class keeps weight (1 - label_smoothing): loss = (1 - eps) * nll + eps * uniform term."),
     ("uniform_skips_ignore_class", "ignore_index only decides which positions count; when it is also a class id, "
                                    "the smoothing term still averages -log p over all V classes, that one included."),
+    ("z_without_max", "the z-loss squares log Z = logsumexp of the logits themselves: after subtracting the row's "
+                      "maximum for stability, add it back (log Z = max + log sum exp(z - max))."),
+    ("z_not_squared", "the z-loss is z_loss * (log Z)**2: square the log-partition, so that it pulls log Z to 0 "
+                      "from both sides."),
+    ("z_on_ignored", "the z-loss term, too, counts only kept positions: average (log Z)**2 over the positions whose "
+                     "target is not ignore_index."),
 ]
 
 
 def check_cross_entropy(cross_entropy, hidden: bool = False) -> None:
     g = generator(501) if not hidden else hidden_generator("cross_entropy")
-    cases = []   # (logits, targets, ignore_index, label_smoothing, what)
+    cases = []   # (logits, targets, ignore_index, label_smoothing, what[, z_loss])
     t = torch.tensor([[1, 4, 0], [2, -100, 3]])
     cases.append((torch.randn(2, 3, 5, generator=g), t, -100, 0.0, "(B, T, V) = (2, 3, 5) logits, one padded target"))
     cases.append((torch.randn(6, 7, generator=g), torch.tensor([0, 1, 2, 3, 4, 5]), -100, 0.0, "(N, V) logits"))
@@ -112,6 +136,10 @@ def check_cross_entropy(cross_entropy, hidden: bool = False) -> None:
                   "logits of size 1000"))
     cases.append((torch.randn(2, 3, 5, generator=g), torch.tensor([[1, 0, 4], [0, 2, 3]]), 0, 0.2,
                   "ignore_index=0 (also a class id) with label_smoothing=0.2"))
+    cases.append((torch.randn(2, 3, 5, generator=g) * 3 + 4, t, -100, 0.0, "z_loss=0.01, one padded target", 0.01))
+    cases.append((torch.tensor([[1000.0, 0.0, -1000.0], [0.0, 1001.0, 1000.0], [5.0, 5.0, 5.0]]),
+                  torch.tensor([0, 2, -100]), -100, 0.1, "logits of size 1000, z_loss=1e-4, label_smoothing=0.1",
+                  1e-4))
     if hidden:
         rng = hidden_rng("cross_entropy")
         for _ in range(3):
@@ -122,25 +150,29 @@ def check_cross_entropy(cross_entropy, hidden: bool = False) -> None:
             targets[0, 0] = (pad + 1) % V if pad >= 0 else 0   # at least one real target
             eps = rng.choice([0.0, 0.05, 0.1, 0.3])
             scale = rng.choice([1.0, 5.0, 30.0])
-            cases.append((torch.randn(B, T, V, generator=g) * scale, targets, pad, eps,
-                          f"(B, T, V) = {(B, T, V)}, ignore_index={pad}, label_smoothing={eps}"))
+            zc = rng.choice([0.0, 1e-4, 1e-3, 0.05])
+            cases.append((torch.randn(B, T, V, generator=g) * scale + rng.choice([0.0, 3.0]), targets, pad, eps,
+                          f"(B, T, V) = {(B, T, V)}, ignore_index={pad}, label_smoothing={eps}, z_loss={zc}", zc))
         V = rng.randrange(3, 12)
         targets = torch.randint(0, V, (4, 5), generator=g)
         targets[:, -2:] = -1                            # several padded positions, a custom ignore_index
         cases.append((torch.randn(4, 5, V, generator=g) * 20 + 5000, targets, -1, 0.2,
-                      "logits near 5000 with padding and label_smoothing=0.2"))
+                      "logits near 5000 with padding, label_smoothing=0.2 and z_loss=1e-6", 1e-6))
         cases.append((-torch.rand(3, V, generator=g) * 1e4, torch.randint(0, V, (3,), generator=g), -100, 0.0,
                       "large negative logits"))
-        cases.append((torch.randn(5, V, generator=g, dtype=torch.float64), torch.randint(0, V, (5,), generator=g),
-                      -100, 0.1, "float64 logits"))
-    for logits, targets, ignore_index, eps, what in cases:
+        cases.append((torch.randn(5, V, generator=g, dtype=torch.float64) + 2, torch.randint(0, V, (5,), generator=g),
+                      -100, 0.1, "float64 logits, z_loss=0.01", 0.01))
+    for logits, targets, ignore_index, eps, what, *rest in cases:
+        z_coef = rest[0] if rest else 0.0
         leaf = logits.clone().requires_grad_(True)
         with forbid(*_CE_BUILTINS, exercise="cross-entropy"):
-            got = call(cross_entropy, leaf, targets.clone(), ignore_index, eps, name="cross_entropy")
+            if z_coef:
+                got = call(cross_entropy, leaf, targets.clone(), ignore_index, eps, z_loss=z_coef, name="cross_entropy")
+            else:
+                got = call(cross_entropy, leaf, targets.clone(), ignore_index, eps, name="cross_entropy")
         expect(isinstance(got, torch.Tensor) and got.numel() == 1,
                f"cross_entropy on {what} should return a scalar tensor.", "return the mean over kept positions.")
-        want = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=ignore_index,
-                               label_smoothing=eps)
+        want = _ce_oracle(logits, targets, ignore_index, eps, z_coef)
         value = got.detach().reshape(())
         if not torch.isfinite(value):
             fail(f"cross_entropy on {what} returned {value.item()}.",
@@ -150,19 +182,19 @@ def check_cross_entropy(cross_entropy, hidden: bool = False) -> None:
         if not torch.allclose(value.to(want.dtype), want, atol=tol * max(1.0, abs(want.item())), rtol=tol * 10):
             hint = "loss = mean over kept positions of -(log p of the target), with log p = z - logsumexp(z)."
             for variant, text in _CE_HINTS:
-                other = _ce_variant(logits, targets, ignore_index, eps, variant)
+                other = _ce_variant(logits, targets, ignore_index, eps, variant, z_coef)
                 if torch.isclose(value.double(), other, atol=1e-4, rtol=1e-4) and not torch.isclose(
                         other, want.double(), atol=1e-4, rtol=1e-4):
                     hint = text
                     break
-            fail(f"cross_entropy on {what} = {value.item():.6g}, expected {want.item():.6g} (F.cross_entropy).", hint)
+            fail(f"cross_entropy on {what} = {value.item():.6g}, expected {want.item():.6g} (F.cross_entropy"
+                 f"{' + z_loss * mean (log Z)**2' if z_coef else ''}).", hint)
         # The gradient must flow back to the logits, and equal PyTorch's.
         expect(got.requires_grad, f"cross_entropy on {what} carries no gradient.",
                "do not detach, and do not call .item() inside the loss: training needs its gradient.")
         got.backward()
         ref = logits.clone().requires_grad_(True)
-        F.cross_entropy(ref.reshape(-1, ref.shape[-1]), targets.reshape(-1), ignore_index=ignore_index,
-                        label_smoothing=eps).backward()
+        _ce_oracle(ref, targets, ignore_index, eps, z_coef).backward()
         expect(leaf.grad is not None, "no gradient reached the logits.", "compute the loss from the logits tensor itself.")
         expect_close(leaf.grad, ref.grad, f"the gradient of cross_entropy on {what}",
                      "ignored positions must get zero gradient; only the mean over kept positions counts.",
@@ -531,33 +563,45 @@ def check_param_groups(param_groups, hidden: bool = False) -> None:
 
 # ----------------------------------------------------------------------------- exercise 5
 
-def _lr_oracle(step, max_lr, min_lr, warmup, max_steps):
+def _lr_oracle(step, max_lr, min_lr, warmup, max_steps, decay_steps=None):
     if step < warmup:
         return max_lr * (step + 1) / warmup
     if step >= max_steps:
         return min_lr
-    progress = (step - warmup) / (max_steps - warmup)
+    decay = max_steps - warmup if decay_steps is None else decay_steps
+    start = max_steps - decay
+    if step < start:
+        return max_lr
+    progress = (step - start) / decay
     return min_lr + (max_lr - min_lr) * 0.5 * (1 + math.cos(math.pi * progress))
 
 
 def check_lr_at(lr_at, hidden: bool = False) -> None:
-    configs = [(1.0, 0.1, 10, 100), (6e-4, 6e-5, 5, 30)]
+    configs = [(1.0, 0.1, 10, 100, None), (6e-4, 6e-5, 5, 30, None), (1.0, 0.1, 4, 40, 10), (3e-3, 0.0, 2, 12, 10)]
     if hidden:
         rng = hidden_rng("lr_at")
-        configs.append((3e-4, 0.0, 0, 20))             # no warm-up at all
-        for _ in range(3):
+        configs.append((3e-4, 0.0, 0, 20, None))       # no warm-up at all
+        configs.append((3e-4, 3e-5, 0, 20, 5))         # no warm-up, then stable and decay
+        for _ in range(4):
             max_lr = float(f"{10 ** rng.uniform(-5, 0):.3g}")
             warmup = rng.randrange(1, 40)
-            configs.append((max_lr, max_lr * rng.choice([0.0, 0.01, 0.1, 0.5]), warmup, warmup + rng.randrange(1, 200)))
-    for max_lr, min_lr, warmup, max_steps in configs:
+            max_steps = warmup + rng.randrange(2, 200)
+            decay = rng.choice([None, rng.randrange(1, max_steps - warmup + 1)])
+            configs.append((max_lr, max_lr * rng.choice([0.0, 0.01, 0.1, 0.5]), warmup, max_steps, decay))
+    cos = lambda p: 0.5 * (1 + math.cos(math.pi * p))  # noqa: E731
+    for max_lr, min_lr, warmup, max_steps, decay_steps in configs:
+        decay = max_steps - warmup if decay_steps is None else decay_steps
+        start = max_steps - decay
         for step in range(0, max_steps + 15):
-            got = call(lr_at, step, max_lr, min_lr, warmup, max_steps, name="lr_at")
-            want = _lr_oracle(step, max_lr, min_lr, warmup, max_steps)
+            if decay_steps is None:
+                got = call(lr_at, step, max_lr, min_lr, warmup, max_steps, name="lr_at")
+            else:
+                got = call(lr_at, step, max_lr, min_lr, warmup, max_steps, decay_steps=decay_steps, name="lr_at")
+            want = _lr_oracle(step, max_lr, min_lr, warmup, max_steps, decay_steps)
             if isinstance(got, (int, float)) and math.isclose(got, want, rel_tol=1e-6, abs_tol=1e-12):
                 continue
             expect(isinstance(got, (int, float)), f"lr_at returned {type(got).__name__}, expected a float.",
                    "return a Python float (math.cos, not torch.cos).")
-            cos = lambda p: 0.5 * (1 + math.cos(math.pi * p))  # noqa: E731
             if step < warmup and math.isclose(got, max_lr, rel_tol=1e-6):
                 hint = "the schedule is at its peak at step 0: warm up linearly, max_lr * (step + 1) / warmup_steps."
             elif step < warmup and math.isclose(got, max_lr * step / warmup, rel_tol=1e-6, abs_tol=1e-15):
@@ -566,15 +610,33 @@ def check_lr_at(lr_at, hidden: bool = False) -> None:
                 hint = "during warm-up the rate rises linearly: max_lr * (step + 1) / warmup_steps."
             elif step >= max_steps and not math.isclose(got, min_lr, rel_tol=1e-6, abs_tol=1e-15):
                 hint = "after max_steps the rate stays at min_lr (the cosine must not come back up)."
-            elif math.isclose(got, max_lr * cos((step - warmup) / (max_steps - warmup)), rel_tol=1e-6, abs_tol=1e-15):
+            elif decay_steps is not None and step < start and math.isclose(
+                    got, _lr_oracle(step, max_lr, min_lr, warmup, max_steps), rel_tol=1e-6, abs_tol=1e-15):
+                hint = ("decay_steps was ignored: the rate holds at max_lr after warm-up and the cosine runs only "
+                        "over the last decay_steps steps, from step max_steps - decay_steps.")
+            elif decay_steps is not None and step >= start and math.isclose(
+                    got, min_lr + (max_lr - min_lr) * cos((step - start) / max(1, decay - 1)), rel_tol=1e-6,
+                    abs_tol=1e-15):
+                hint = ("the decay reaches min_lr one step early: p = (step - (max_steps - decay_steps)) / "
+                        "decay_steps, which is 1 at max_steps, not at max_steps - 1.")
+            elif decay_steps is not None and step >= start and math.isclose(
+                    got, min_lr + (max_lr - min_lr) * cos((step - warmup) / (max_steps - warmup)), rel_tol=1e-6,
+                    abs_tol=1e-15):
+                hint = ("the cosine's progress must start where the decay starts, not after warm-up: "
+                        "p = (step - (max_steps - decay_steps)) / decay_steps, so the rate leaves max_lr smoothly.")
+            elif warmup <= step < start:
+                hint = "between warm-up and max_steps - decay_steps the rate is constant: max_lr (the stable phase)."
+            elif math.isclose(got, max_lr * cos((step - start) / decay), rel_tol=1e-6, abs_tol=1e-15):
                 hint = "the cosine decays to min_lr, not to 0: lr = min_lr + (max_lr - min_lr) * (1 + cos(pi p)) / 2."
-            elif math.isclose(got, min_lr + (max_lr - min_lr) * cos(step / max_steps), rel_tol=1e-6):
+            elif decay_steps is None and math.isclose(got, min_lr + (max_lr - min_lr) * cos(step / max_steps),
+                                                      rel_tol=1e-6):
                 hint = ("the cosine's progress starts after warm-up: p = (step - warmup_steps) / (max_steps - "
                         "warmup_steps), so that p = 0 right after warm-up and 1 at max_steps.")
             else:
-                hint = "lr = min_lr + (max_lr - min_lr) * (1 + cos(pi p)) / 2 with p = (step - warmup) / (max_steps - warmup)."
-            fail(f"lr_at({step}, max_lr={max_lr}, min_lr={min_lr}, warmup_steps={warmup}, max_steps={max_steps}) "
-                 f"= {got:.6g}, expected {want:.6g}.", hint)
+                hint = ("lr = min_lr + (max_lr - min_lr) * (1 + cos(pi p)) / 2 with p = (step - start) / decay_steps "
+                        "and start = max_steps - decay_steps (decay_steps = max_steps - warmup_steps by default).")
+            fail(f"lr_at({step}, max_lr={max_lr}, min_lr={min_lr}, warmup_steps={warmup}, max_steps={max_steps}, "
+                 f"decay_steps={decay_steps}) = {got:.6g}, expected {want:.6g}.", hint)
 
 # ----------------------------------------------------------------------------- exercise 6
 
@@ -584,50 +646,97 @@ _CLIP_BUILTINS = ((torch.nn.utils, "clip_grad_norm_"), (torch.nn.utils, "clip_gr
                   (torch.nn.utils.clip_grad, "_clip_grads_with_norm_"))
 
 
+def _clip_oracle(grads, max_norm):
+    """(clipped, norm) computed in float64, each clipped gradient rounded back to its own dtype."""
+    norm = math.sqrt(sum(float(t.double().pow(2).sum()) for t in grads if t is not None))
+    factor = min(1.0, max_norm / (norm + 1e-6))
+    return [None if t is None else (t.double() * factor).to(t.dtype) for t in grads], norm
+
+
 def check_clip_grad_norm(clip_grad_norm, hidden: bool = False) -> None:
     g = generator(561) if not hidden else hidden_generator("clip_grad_norm")
+    h = torch.float16
     cases = [([torch.randn(4, 3, generator=g) * 2, torch.randn(3, generator=g)], 1.0, "a norm above max_norm"),
              ([torch.randn(5, generator=g) * 0.01, torch.randn(2, 2, generator=g) * 0.01], 1.0, "a norm below max_norm"),
-             ([torch.full((3,), 10.0), torch.zeros(2)], 0.5, "one large gradient and one zero gradient")]
+             ([torch.full((3,), 10.0), torch.zeros(2)], 0.5, "one large gradient and one zero gradient"),
+             ([torch.randn(3, 2, generator=g), None, torch.randn(4, generator=g)], 0.5,
+              "a None gradient (a parameter that got no gradient) in second place"),
+             ([(torch.randn(2, 3, generator=g) * 300).to(h), torch.randn(4, generator=g)], 1.0,
+              "a float16 gradient with entries near 300 (squares above float16's max, 65504) and a float32 one")]
     if hidden:
         rng = hidden_rng("clip_grad_norm")
-        cases.append(([torch.zeros(3, 2), torch.zeros(4)], 1.0, "all-zero gradients"))
-        cases.append(([torch.randn(7, generator=g) * 100], 2.0, "a single gradient tensor"))
+        cases.append(([torch.zeros(3, 2), None, torch.zeros(4)], 1.0, "all-zero gradients and a None"))
+        cases.append(([torch.randn(7, generator=g, dtype=torch.float64) * 100], 2.0, "a single float64 gradient"))
+        cases.append(([None, (torch.randn(5, generator=g) * 1e3).to(torch.bfloat16), torch.randn(3, generator=g).to(h)],
+                      float(f"{10 ** rng.uniform(-1, 1):.3g}"), "None first, then bfloat16 and float16 gradients"))
         for _ in range(3):
             shapes = [tuple(rng.randrange(1, 6) for _ in range(rng.randrange(1, 4))) for _ in range(rng.randrange(2, 6))]
-            scale = rng.choice([1e-3, 0.1, 1.0, 30.0])
-            grads = [torch.randn(s, generator=g) * scale * rng.random() for s in shapes]
-            cases.append((grads, float(f"{10 ** rng.uniform(-2, 1):.3g}"), f"{len(shapes)} gradients of shapes {shapes}"))
+            scale = rng.choice([1e-3, 0.1, 1.0, 30.0, 500.0])
+            dtypes = [rng.choice([torch.float32, torch.float32, torch.float16, torch.bfloat16]) for _ in shapes]
+            grads = [None if rng.random() < 0.2 else (torch.randn(s, generator=g) * scale * rng.random()).to(dt)
+                     for s, dt in zip(shapes, dtypes)]
+            cases.append((grads, float(f"{10 ** rng.uniform(-2, 1):.3g}"),
+                          f"{len(shapes)} gradients of shapes {shapes}, dtypes "
+                          f"{[None if t is None else str(t.dtype)[6:] for t in grads]}"))
     for grads, max_norm, what in cases:
         with forbid(*_CLIP_BUILTINS, exercise="global-norm clipping"):
-            got = call(clip_grad_norm, [t.clone() for t in grads], max_norm, name="clip_grad_norm")
+            got = call(clip_grad_norm, [None if t is None else t.clone() for t in grads], max_norm,
+                       name="clip_grad_norm")
         expect(isinstance(got, (tuple, list)) and len(got) == 2, "clip_grad_norm should return (clipped, norm).",
                "return the list of clipped gradients and the norm.")
         clipped, norm = got
-        params = [nn.Parameter(torch.zeros_like(t)) for t in grads]
-        for p, t in zip(params, grads):
-            p.grad = t.clone()
-        want_norm = float(torch.nn.utils.clip_grad_norm_(params, max_norm))
-        want = [p.grad for p in params]
+        want, want_norm = _clip_oracle(grads, max_norm)
+        present = [t for t in grads if t is not None]
+        if all(t.dtype == torch.float32 for t in present):     # PyTorch's own clipping agrees
+            params = [nn.Parameter(torch.zeros_like(t)) for t in present]
+            for p, t in zip(params, present):
+                p.grad = t.clone()
+            assert math.isclose(float(torch.nn.utils.clip_grad_norm_(params, max_norm)), want_norm, rel_tol=1e-5,
+                                abs_tol=1e-7)
         norm = float(norm)
-        true_norm = math.sqrt(sum(float(t.double().pow(2).sum()) for t in grads))
-        if not math.isclose(norm, want_norm, rel_tol=1e-5, abs_tol=1e-7):
-            if true_norm > max_norm and math.isclose(norm, max_norm, rel_tol=1e-4):
+        if not math.isclose(norm, want_norm, rel_tol=1e-4, abs_tol=1e-7):
+            low = math.sqrt(sum(float(t.pow(2).sum()) for t in present))      # summed in their own dtypes
+            if not math.isfinite(norm) or (any(t.dtype in (torch.float16, torch.bfloat16) for t in present)
+                                           and math.isclose(norm, low, rel_tol=1e-4)):
+                hint = ("the norm was computed in the gradients' own low precision: squares of float16 entries "
+                        "above 256 overflow (inf), and float16/bfloat16 sums lose digits; convert each gradient "
+                        "with g.float() before squaring and summing.")
+            elif want_norm > max_norm and math.isclose(norm, max_norm, rel_tol=1e-3):
                 hint = "return the global norm measured before clipping (what clip_grad_norm_ returns), not after."
-            elif math.isclose(norm, sum(float(t.norm()) for t in grads), rel_tol=1e-5):
+            elif math.isclose(norm, sum(float(t.double().norm()) for t in present), rel_tol=1e-4):
                 hint = ("the global norm is sqrt of the sum of squares of all entries (the norm of the per-tensor "
                         "norms), not the sum of the per-tensor norms.")
             else:
-                hint = "the global norm is sqrt(sum over all tensors of (g ** 2).sum())."
+                hint = "the global norm is sqrt(sum over all tensors of (g.float() ** 2).sum()), skipping None."
             fail(f"clip_grad_norm on {what} returned the norm {norm:.6g}, expected {want_norm:.6g}.", hint)
         expect(isinstance(clipped, (list, tuple)) and len(clipped) == len(grads),
-               f"clip_grad_norm should return {len(grads)} clipped gradients.", "one gradient out per gradient in.")
-        got_cat = torch.cat([c.detach().flatten() for c in clipped])
-        want_cat = torch.cat([w.flatten() for w in want])
-        if not torch.allclose(got_cat, want_cat, atol=1e-6, rtol=1e-5):
-            if true_norm < max_norm and not torch.allclose(got_cat, torch.cat([t.flatten() for t in grads]), atol=1e-7):
+               f"clip_grad_norm on {what} returned {len(clipped) if isinstance(clipped, (list, tuple)) else '?'} "
+               f"gradients, expected {len(grads)}.",
+               "one gradient out per gradient in, in the same order: a None gradient stays None in its place "
+               "(the list lines up with the parameters).")
+        for i, (c, w, t) in enumerate(zip(clipped, want, grads)):
+            if t is None:
+                expect(c is None, f"clip_grad_norm on {what}: entry {i} was None and came back as "
+                                  f"{type(c).__name__}.", "a None gradient stays None in its place.")
+                continue
+            expect(isinstance(c, torch.Tensor), f"clip_grad_norm on {what}: entry {i} came back as "
+                                                f"{type(c).__name__}.",
+                   "a None gradient stays None in its place; every other entry is a tensor.")
+            expect(c.dtype == t.dtype and tuple(c.shape) == tuple(t.shape),
+                   f"clip_grad_norm on {what}: entry {i} came back as {c.dtype} {tuple(c.shape)}, expected "
+                   f"{t.dtype} {tuple(t.shape)}.",
+                   "each clipped gradient keeps its own dtype and shape: compute the norm in float32, but "
+                   "multiply each gradient by the factor in its own dtype (g * factor).")
+        tol = {torch.float16: 2e-3, torch.bfloat16: 1.6e-2, torch.float32: 1e-5, torch.float64: 1e-9}
+        ok = all(t is None or torch.allclose(c.detach().double(), w.double(), atol=1e-6,
+                                             rtol=tol[t.dtype]) for c, w, t in zip(clipped, want, grads))
+        if not ok:
+            got_cat = torch.cat([c.detach().double().flatten() for c in clipped if c is not None])
+            in_cat = torch.cat([t.double().flatten() for t in present])
+            if want_norm < max_norm and not torch.allclose(got_cat, in_cat, rtol=1e-2, atol=1e-7):
                 hint = "gradients whose global norm is already below max_norm must be left unchanged: never scale up."
-            elif all(float(c.norm()) <= max_norm * (1 + 1e-4) for c in clipped) and len(grads) > 1:
+            elif all(float(c.double().norm()) <= max_norm * (1 + 1e-2) for c in clipped if c is not None) and \
+                    len(present) > 1:
                 hint = ("each tensor was clipped on its own: clip by the global norm of all gradients together, "
                         "multiplying every gradient by the same factor max_norm / (norm + 1e-6).")
             else:
@@ -663,12 +772,53 @@ def _accum_variant(model, micro_batches, variant):
     return [p.grad.clone() for p in model.parameters()]
 
 
+class OnceLoader:
+    """The micro-batches of one step as a data loader hands them over: iterable once, no len().
+    (A class rather than a generator, so that it can travel to the kernel when grading.)"""
+
+    def __init__(self, micro) -> None:
+        self._items, self._used = [(x.clone(), y.clone()) for x, y in micro], False
+
+    def __iter__(self):
+        if self._used:
+            return iter(())
+        self._used = True
+        return iter(self._items)
+
+    def __repr__(self) -> str:
+        return f"OnceLoader({len(self._items)} micro-batches)"
+
+
+class GradsInStateLM(TinyLM):
+    """TinyLM whose state_dict also carries each parameter's .grad (an empty tensor for None),
+    so that a grader outside the kernel, which receives module state only, sees the gradients."""
+
+    def state_dict(self, *args, **kwargs):
+        state = super().state_dict(*args, **kwargs)
+        prefix = kwargs.get("prefix", "")
+        for name, p in self.named_parameters():
+            state[f"{prefix}grad::{name}"] = (p.grad.detach().clone() if p.grad is not None
+                                              else torch.empty(0, dtype=p.dtype))
+        return state
+
+    def load_state_dict(self, state_dict, strict: bool = True, assign: bool = False):
+        state = dict(state_dict)
+        grads = {k[len("grad::"):]: state.pop(k) for k in list(state) if k.startswith("grad::")}
+        out = super().load_state_dict(state, strict=strict, assign=assign)
+        params = dict(self.named_parameters())
+        for name, g in grads.items():
+            if name in params:
+                params[name].grad = None if g.numel() == 0 else g.clone()
+        return out
+
+
 def check_accumulate_gradients(accumulate_gradients, hidden: bool = False) -> None:
     g = generator(571) if not hidden else hidden_generator("accumulate_gradients")
     V, T = 16, 6
     sizes = [3, 1, 2]
     pad_rows = [(0, 4), (2, 2)]   # (micro-batch, number of padded final positions)
     seed = 572
+    dtypes = [torch.float32]
     if hidden:
         rng = hidden_rng("accumulate_gradients")
         V, T = rng.randrange(5, 30), rng.randrange(2, 9)
@@ -676,51 +826,69 @@ def check_accumulate_gradients(accumulate_gradients, hidden: bool = False) -> No
         sizes[-1] = max(1, sizes[0] - 1) if sizes[0] > 1 else sizes[-1] + 1      # unequal micro-batches
         pad_rows = [(rng.randrange(len(sizes)), rng.randrange(1, T)) for _ in range(2)]
         seed = hidden_seed("accumulate_gradients/init")
+        dtypes.append(torch.float64)
     micro = []
     for b in sizes:
         x = torch.randint(0, V, (b, T), generator=g)
         micro.append((x, torch.randint(0, V, (b, T), generator=g)))
     for i, n in pad_rows:
         micro[i][1][0, T - n:] = -100
-    torch.manual_seed(seed)
-    model = TinyLM(V, 8)
-    reference = copy.deepcopy(model)
-    want = _accumulated_oracle(reference, micro)
-    what = f"micro-batches of sizes {sizes} (block_size {T}, some targets -100)"
-    for attempt in range(2):
-        got = call(accumulate_gradients, model, [(x.clone(), y.clone()) for x, y in micro], name="accumulate_gradients")
-        expect(isinstance(got, (list, tuple)) and len(got) == len(want),
-               f"accumulate_gradients should return {len(want)} gradients (one per parameter).",
-               "return [p.grad.clone() for p in model.parameters()].")
-        got_cat = torch.cat([t.detach().flatten() for t in got])
-        want_cat = torch.cat([t.flatten() for t in want])
-        if torch.allclose(got_cat, want_cat, atol=1e-6, rtol=1e-4):
-            continue
-        if attempt == 1 and torch.allclose(got_cat, 2 * want_cat, atol=1e-6, rtol=1e-4):
-            hint = ("gradients from the previous call were still there: zero the gradients (model.zero_grad()) "
-                    "before the first micro-batch, not only after the step.")
-            fail(f"called a second time on the same model, accumulate_gradients returned twice the gradient.", hint)
-        hint = ("the accumulated gradient must equal the gradient of the mean loss over all target tokens of "
-                "all micro-batches: sum each micro-batch's token losses and divide by the total token count.")
-        for variant, text in [("mean_of_means", "averaging the micro-batches' mean losses weights a small micro-batch "
-                               "as much as a large one: weight each micro-batch by its number of (non-ignored) "
-                               "target tokens, i.e. sum the token losses and divide by the total count."),
-                              ("no_division", "the token losses were summed but never divided by the total number "
-                               "of target tokens."),
-                              ("count_padding", "padding targets (-100) do not count: divide by the number of targets "
-                               "that are not -100.")]:
-            other = torch.cat([t.flatten() for t in _accum_variant(copy.deepcopy(reference), micro, variant)])
-            if torch.allclose(got_cat, other, atol=1e-6, rtol=1e-4):
-                hint = text
-                break
-        else:
-            last = torch.cat([t.flatten() for t in _accum_variant(copy.deepcopy(reference), micro[-1:], "token")])
-            if torch.allclose(got_cat, last * (sum(int((y != -100).sum()) for _, y in micro[-1:]) /
-                                               sum(int((y != -100).sum()) for _, y in micro)), atol=1e-6, rtol=1e-4) \
-                    or torch.allclose(got_cat, last, atol=1e-6, rtol=1e-4):
-                hint = ("only the last micro-batch's gradient survived: zero the gradients once before the loop, "
-                        "never between micro-batches; backward adds into .grad.")
-        fail(f"accumulate_gradients on {what} differs from one backward pass over the whole batch.", hint)
+    for dtype in dtypes:
+        torch.manual_seed(seed)
+        model = GradsInStateLM(V, 8).to(dtype)
+        reference = TinyLM(V, 8).to(dtype)
+        reference.load_state_dict(TinyLM.state_dict(model))
+        want = _accumulated_oracle(reference, micro)
+        what = (f"micro-batches of sizes {sizes} (block_size {T}, some targets -100), read once from an iterator, "
+                f"a {str(dtype)[6:]} model")
+        tol = dict(atol=1e-6, rtol=1e-4) if dtype == torch.float32 else dict(atol=1e-12, rtol=1e-9)
+        for attempt in range(2):
+            got = call(accumulate_gradients, model, OnceLoader(micro), name="accumulate_gradients")
+            expect(isinstance(got, (list, tuple)) and len(got) == len(want),
+                   f"accumulate_gradients should return {len(want)} gradients (one per parameter).",
+                   "return [p.grad.clone() for p in model.parameters()].")
+            got_cat = torch.cat([t.detach().flatten() for t in got])
+            want_cat = torch.cat([t.flatten() for t in want])
+            if torch.allclose(got_cat, want_cat, **tol):
+                left = [p.grad for p in model.parameters()]
+                expect(all(t is not None for t in left) and torch.allclose(
+                    torch.cat([t.flatten() for t in left]), want_cat, **tol),
+                    f"accumulate_gradients on {what} returned the right gradients, but the parameters' .grad "
+                    "do not hold them.",
+                    "the optimizer's step reads p.grad: divide the summed gradients in place (p.grad.div_(total)) "
+                    "and return copies of them.")
+                continue
+            if attempt == 1:
+                hint = ("gradients from the previous call were still there: zero the gradients (model.zero_grad()) "
+                        "before the first micro-batch, not only after the step.")
+                fail(f"called a second time on the same model (on {what}), accumulate_gradients returned another "
+                     "gradient than the first time.", hint)
+            hint = ("the accumulated gradient must equal the gradient of the mean loss over all target tokens of "
+                    "all micro-batches: backward each micro-batch's summed token loss, count the kept tokens as "
+                    "they come, and divide the gradients by the total at the end.")
+            for variant, text in [("mean_of_means", "averaging the micro-batches' mean losses weights a small "
+                                   "micro-batch as much as a large one: weight each micro-batch by its number of "
+                                   "(non-ignored) target tokens, i.e. sum the token losses and divide by the total "
+                                   "count."),
+                                  ("no_division", "the token losses were summed but never divided by the total "
+                                   "number of target tokens."),
+                                  ("count_padding", "padding targets (-100) do not count: divide by the number of "
+                                   "targets that are not -100.")]:
+                other = torch.cat([t.flatten() for t in _accum_variant(copy.deepcopy(reference), micro, variant)])
+                if torch.allclose(got_cat, other, **tol):
+                    hint = text
+                    break
+            else:
+                last = torch.cat([t.flatten() for t in _accum_variant(copy.deepcopy(reference), micro[-1:], "token")])
+                if torch.allclose(got_cat, last * (sum(int((y != -100).sum()) for _, y in micro[-1:]) /
+                                                   sum(int((y != -100).sum()) for _, y in micro)), **tol) \
+                        or torch.allclose(got_cat, last, **tol):
+                    hint = ("only the last micro-batch's gradient survived: zero the gradients once before the "
+                            "loop, never between micro-batches; backward adds into .grad.")
+                elif not got_cat.abs().max() > 0:
+                    hint = ("no gradient was accumulated: the micro-batches come from an iterator that can be read "
+                            "only once (a data loader), so count the tokens in the same pass that runs backward.")
+            fail(f"accumulate_gradients on {what} differs from one backward pass over the whole batch.", hint)
 
 # ----------------------------------------------------------------------------- exercise 8
 
@@ -925,15 +1093,16 @@ _TRAIN_HINTS = [
 ]
 
 
-def _reference_losses(tokens, vocab, dropout, lr_pair, steps, init_seed, rng_seed, kw, variant: str = "ok"
-                      ) -> list[float]:
+def _reference_losses(tokens, vocab, dropout, lr_pair, steps, init_seed, rng_seed, kw, variant: str = "ok",
+                      make=None) -> list[float]:
     """The losses of exercise 9's steps, run with PyTorch's AdamW and cross-entropy, the course's
     groups (nn.Linear matrices decayed by 0.1, the rest not), the schedule and random_batch's draw;
     or with one known slip (``variant``, used to name it)."""
     options = {"batch_size": 4, "block_size": 8, "warmup_steps": 3, "seed": 0, **kw}
     torch.manual_seed(init_seed)
-    model = TinyLM(vocab, 12, dropout)
-    decayed = {id(m.weight) for m in model.modules() if isinstance(m, nn.Linear)}
+    model = TinyLM(vocab, 12, dropout) if make is None else make()
+    decayed = ({id(m.weight) for m in model.modules() if isinstance(m, nn.Linear)} -
+               {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)})
     groups = [{"params": [p for p in model.parameters() if id(p) in decayed], "weight_decay": 0.1},
               {"params": [p for p in model.parameters() if id(p) not in decayed], "weight_decay": 0.0}]
     betas = (0.9, 0.999) if variant == "default_betas" else (0.9, 0.95)
@@ -1023,3 +1192,256 @@ def _check_train_resume(train, hidden: bool) -> None:
                        "the same batches.")
         fail(what, "the global RNG (dropout's masks) was not restored: save torch.get_rng_state() and restore it "
                    "with torch.set_rng_state() when resuming.")
+
+# ----------------------------------------------------------------------------- exercise 10
+
+_TINY_PARTS = (("tok", nn.Embedding), ("drop", nn.Dropout), ("ln1", nn.LayerNorm), ("qkv", nn.Linear),
+               ("proj", nn.Linear), ("ln2", nn.LayerNorm), ("up", nn.Linear), ("down", nn.Linear),
+               ("ln_f", nn.LayerNorm))
+
+
+def _sinusoids(T: int, d: int, dtype: torch.dtype, variant: str = "ok") -> torch.Tensor:
+    """Chapter 2's table, written independently: PE[t, 2i] = sin(t w_i), PE[t, 2i+1] = cos(t w_i)."""
+    t = torch.arange(T, dtype=torch.float64)[:, None]
+    w = 10000.0 ** (-torch.arange(0, d, 2, dtype=torch.float64) / d)
+    angles = t * w                                                        # (T, d/2)
+    if variant == "halves":
+        return torch.cat([angles.sin(), angles.cos()], dim=-1).to(dtype)
+    return torch.stack([angles.sin(), angles.cos()], dim=-1).reshape(T, d).to(dtype)
+
+
+def _tiny_lm_oracle(m: nn.Module, ids: torch.Tensor, variant: str = "ok") -> torch.Tensor:
+    """The spec's forward pass from the module's own parameters, with PyTorch's functional parts
+    (``variant``: one known mistake, used to name it)."""
+    W = m.tok.weight
+    d = W.shape[1]
+    T = ids.shape[1]
+    scale = 1.0 if variant == "no_sqrt_d" else math.sqrt(d)
+    x = F.embedding(ids, W) * scale + _sinusoids(T, d, W.dtype, variant)          # (B, T, d)
+    ln = lambda mod, h: F.layer_norm(h, (d,), mod.weight, mod.bias, mod.eps)     # noqa: E731
+
+    def attend(h):
+        q, k, v = F.linear(h, m.qkv.weight, m.qkv.bias).split(d, dim=-1)       # (B, T, d) each
+        if variant == "no_attention_scale":
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=1.0)
+        return F.scaled_dot_product_attention(q, k, v, is_causal=variant != "not_causal")
+
+    mlp = lambda h: F.linear(F.gelu(F.linear(h, m.up.weight, m.up.bias)), m.down.weight, m.down.bias)  # noqa: E731
+    if variant == "post_ln":
+        x = ln(m.ln1, x + F.linear(attend(x), m.proj.weight, m.proj.bias))
+        x = ln(m.ln2, x + mlp(x))
+    else:
+        x = x + F.linear(attend(ln(m.ln1, x)), m.proj.weight, m.proj.bias)
+        x = x + mlp(ln(m.ln2, x))
+    return F.linear(ln(m.ln_f, x), W)                                              # (B, T, V), tied
+
+
+_TINY_HINTS = [
+    ("not_causal", "position t saw later tokens: mask the scores above the diagonal with -inf before the softmax "
+                   "(chapter 3), so that token t attends to tokens 0..t only."),
+    ("no_sqrt_d", "the embedding rows are multiplied by sqrt(d_model) before the positions are added (chapter 1)."),
+    ("halves", "the sinusoids interleave: PE[t, 2i] = sin(t w_i), PE[t, 2i+1] = cos(t w_i) (chapter 2), not all "
+               "sines then all cosines."),
+    ("no_attention_scale", "divide the attention scores by sqrt(d_model) (one head of d_model features) before the "
+                           "softmax."),
+    ("post_ln", "the block is Pre-LN (chapter 4): x = x + attn(ln1(x)), then x = x + mlp(ln2(x)); the norms act on "
+                "the branch's input, and the residual stream itself is never normalised inside the block."),
+]
+
+
+class _TinyReference(nn.Module):
+    """The spec's layers, here in the grader: a copy of the student's weights runs the oracle."""
+
+    def __init__(self, vocab: int, d: int) -> None:
+        super().__init__()
+        self.tok = nn.Embedding(vocab, d)
+        self.ln1, self.ln2, self.ln_f = nn.LayerNorm(d), nn.LayerNorm(d), nn.LayerNorm(d)
+        self.qkv, self.proj = nn.Linear(d, 3 * d), nn.Linear(d, d)
+        self.up, self.down = nn.Linear(d, 4 * d), nn.Linear(4 * d, d)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return _tiny_lm_oracle(self, ids)
+
+
+def _tiny_copy(model: nn.Module, vocab: int, d: int) -> _TinyReference:
+    """The student's weights, read through the spec's names, in a module of the grader's own."""
+    ref = _TinyReference(vocab, d).to(model.tok.weight.detach().dtype)   # detach: the weight's current dtype
+    with torch.no_grad():
+        for name, _ in _TINY_PARTS:
+            if name == "drop":
+                continue
+            part = getattr(model, name)
+            getattr(ref, name).weight.copy_(part.weight.detach())
+            if name != "tok":
+                getattr(ref, name).bias.copy_(part.bias.detach())
+    return ref
+
+
+def _build_tiny(TinyCausalLM, vocab: int, d: int, block: int, seed: int) -> nn.Module:
+    torch.manual_seed(seed)
+    model = call(TinyCausalLM, vocab, d, block, name="TinyCausalLM")
+    expect(isinstance(model, nn.Module), "TinyCausalLM(...) should build an nn.Module.",
+           "subclass nn.Module and call super().__init__() first.")
+    for name, kind in _TINY_PARTS:
+        expect(isinstance(getattr(model, name, None), kind),
+               f"TinyCausalLM(vocab_size={vocab}, d_model={d}, block_size={block}) has no {kind.__name__} named "
+               f"{name!r}.", "keep the attribute names of the spec (the tests read the weights through them).")
+    expect(tuple(model.qkv.weight.shape) == (3 * d, d) and tuple(model.up.weight.shape) == (4 * d, d) and
+           tuple(model.down.weight.shape) == (d, 4 * d) and tuple(model.tok.weight.shape) == (vocab, d),
+           f"TinyCausalLM(vocab_size={vocab}, d_model={d}, block_size={block}) has layers of other shapes than the "
+           "spec's.", "qkv: nn.Linear(d_model, 3 * d_model); up: nn.Linear(d_model, 4 * d_model); down: "
+                      "nn.Linear(4 * d_model, d_model); tok: nn.Embedding(vocab_size, d_model).")
+    n = sum(p.numel() for p in model.parameters())
+    want = vocab * d + 3 * 2 * d + (3 * d * d + 3 * d) + (d * d + d) + (4 * d * d + 4 * d) + (4 * d * d + d)
+    if n == want + vocab * d or n == want + vocab * d + vocab:
+        fail(f"TinyCausalLM(vocab_size={vocab}, d_model={d}) has {n:,} parameters, {n - want:,} more than the "
+             "spec's.", "the output layer is tied to the embedding (chapter 1): logits = ln_f(x) @ tok.weight.T, "
+                        "no separate head matrix.")
+    expect(n == want, f"TinyCausalLM(vocab_size={vocab}, d_model={d}) has {n:,} parameters, expected {want:,}.",
+           "build exactly the layers of the spec, with biases (PyTorch's defaults), and no output matrix of its own.")
+    std = float(model.tok.weight.detach().double().std())
+    expect(0.7 < std * math.sqrt(d) < 1.3,
+           f"the embedding table of TinyCausalLM(vocab_size={vocab}, d_model={d}) has std {std:.3g}, expected about "
+           f"d_model ** -0.5 = {d ** -0.5:.3g}.",
+           "initialise tok.weight with nn.init.normal_(..., std=d_model ** -0.5): multiplied by sqrt(d_model) its "
+           "rows have unit size, and the tied output layer starts with small logits (a loss near log V).")
+    return model
+
+
+def _tiny_forward_case(model: nn.Module, ids: torch.Tensor, what: str, dtype: torch.dtype = torch.float32) -> None:
+    model.eval()
+    got = call(model, ids.clone(), name="TinyCausalLM.forward")
+    vocab, d = model.tok.weight.shape
+    B, T = ids.shape
+    expect_tensor(got, (B, T, vocab), f"the logits of {what}")
+    expect(got.dtype == dtype, f"the logits of {what} are {got.dtype}, expected {dtype} (the model's dtype).",
+           "build the position table in the model's dtype (a buffer registered in __init__ follows model.to(...)).")
+    ref = _tiny_copy(model, vocab, d)
+    with torch.no_grad():
+        want = _tiny_lm_oracle(ref, ids)
+    # float64: 1e-6, so that a position table built in float32 and converted with the model still passes
+    tol = dict(atol=1e-4, rtol=1e-4) if dtype == torch.float32 else dict(atol=1e-6, rtol=1e-6)
+    if torch.allclose(got.detach(), want, **tol):
+        return
+    hint = ("follow the spec's forward in order: tok(ids) * sqrt(d_model) + PE, dropout, x + proj(attention(ln1(x))), "
+            "x + down(gelu(up(ln2(x)))), ln_f, then the tied output tok.weight.T.")
+    with torch.no_grad():
+        for variant, text in _TINY_HINTS:
+            if torch.allclose(got.detach(), _tiny_lm_oracle(ref, ids, variant), atol=1e-4, rtol=1e-4):
+                hint = text
+                break
+    diff = (got.detach() - want).abs().max().item()
+    fail(f"the logits of {what} differ from the spec's forward (PyTorch's functional parts on your weights) by up to "
+         f"{diff:.3g}.", hint)
+
+
+def check_tiny_lm(TinyCausalLM, train=None, cross_entropy=None, random_batch=None, AdamW=None, param_groups=None,
+                  lr_at=None, hidden: bool = False) -> None:
+    """The model first (its own spec, an oracle from its weights), then a short run of your train on it
+    next to the spec's loop built from PyTorch's parts; a failure of the run that exercise 9's tests
+    explain is blamed on train."""
+    g = generator(5101) if not hidden else hidden_generator("tiny_lm")
+    rng = hidden_rng("tiny_lm")
+    configs = [(13, 16, 8, 5102)] if not hidden else [
+        (rng.randrange(5, 40), rng.choice([8, 12, 24]), rng.randrange(4, 12), hidden_seed(f"tiny_lm/init{k}"))
+        for k in range(2)]
+    for vocab, d, block, seed in configs:
+        with own_fault():
+            model = _build_tiny(TinyCausalLM, vocab, d, block, seed)
+            for B, T in ((2, block), (3, max(1, block // 2))):
+                ids = torch.randint(0, vocab, (B, T), generator=g)
+                _tiny_forward_case(model, ids, f"TinyCausalLM(vocab_size={vocab}, d_model={d}, block_size={block}) on "
+                                               f"ids of shape {(B, T)}")
+            if hidden:
+                ids = torch.randint(0, vocab, (2, block), generator=g)
+                model.double()
+                _tiny_forward_case(model, ids,
+                                   f"TinyCausalLM(vocab_size={vocab}, d_model={d}, block_size={block}) in float64",
+                                   torch.float64)
+        if train is None:
+            continue
+        # The run: your train on a fresh model of yours, next to the spec's loop with PyTorch's AdamW on a
+        # copy of its weights.
+        with own_fault():
+            student = _build_tiny(TinyCausalLM, vocab, d, block, seed + 1)
+        fresh = _tiny_copy(student, vocab, d).train()
+        tokens = _tokens(rng.randrange(80, 200) if hidden else 120, vocab, g)
+        steps = 6 if not hidden else rng.randrange(5, 9)
+        kw = {"block_size": block, "batch_size": 3, "warmup_steps": 2, "seed": seed % 1000}
+        rng_seed = seed % 2**31
+        with earlier_first(*earlier_answers("the run of your TinyCausalLM", (
+                "calls your train", 9, train,
+                lambda t: check_train_resume(t, cross_entropy, random_batch, AdamW, param_groups, lr_at)))):
+            torch.manual_seed(rng_seed)
+            with forbid(*_ADAMW_BUILTINS, exercise="the training loop with your own AdamW"):
+                out = call(train, student, tokens.clone(), steps, max_lr=1e-2, min_lr=1e-3, name="train", **kw)
+            expect(isinstance(out, (tuple, list)) and len(out) == 2, "train should return (losses, checkpoint).",
+                   "return the list of losses and the checkpoint dict.")
+            losses = list(out[0])
+            reference = _reference_losses(tokens, vocab, 0.0, (1e-2, 1e-3), steps, 0, rng_seed, kw,
+                                          make=lambda: copy.deepcopy(fresh))
+            off = next((i for i, (a, b) in enumerate(zip(losses, reference)) if not math.isclose(a, b, rel_tol=1e-4)),
+                       None if len(losses) == len(reference) else min(len(losses), len(reference)))
+            if off is not None:
+                fail(f"train on your TinyCausalLM(vocab_size={vocab}, d_model={d}, block_size={block}) gave the loss "
+                     f"{losses[off] if off < len(losses) else None!r} at step {off}; the spec's loop with PyTorch's "
+                     f"AdamW on the same model gives {reference[off] if off < len(reference) else None!r}.",
+                     "the model must be a pure function of its weights and input: no randomness of its own in "
+                     "forward (dropout only through self.drop), and no state kept between calls.")
+
+# ----------------------------------------------------------------------------- exercise 11
+
+def _initial_loss_variant(V: int, eps: float, z: float, variant: str = "ok") -> float:
+    """The loss of all-zero logits, derived by hand (``variant``: one known slip, used to name it)."""
+    log_v = math.log(V)
+    return {"no_z": log_v, "z_not_squared": log_v + z * log_v, "smoothing_scaled": (1 - eps) * log_v + z * log_v ** 2,
+            "log2": math.log2(V) + z * math.log2(V) ** 2, "z_of_zero": log_v}.get(variant, log_v + z * log_v ** 2)
+
+
+_INITIAL_HINTS = [
+    ("log2", "the loss is in nats: use the natural logarithm (math.log), not log2."),
+    ("smoothing_scaled", "label smoothing changes nothing here: with all logits equal, -log p_j = log V for every "
+                         "class j, the target and the uniform term alike, so (1 - eps) and eps add back to 1."),
+    ("no_z", "the z-loss is not 0 at initialisation: log Z = log sum_j exp(0) = log V, so it adds "
+             "z_loss * (log V)**2."),
+    ("z_not_squared", "the z-loss squares log Z: z_loss * (log V)**2, not z_loss * log V."),
+]
+
+
+def check_initial_loss(predicted_initial_loss, cross_entropy=None, hidden: bool = False) -> None:
+    """The prediction is graded against the hand-derived value; the measurement (your cross_entropy
+    on all-zero logits) is printed by the notebook's next cell, once the prediction passes."""
+    cases = [(50257, 0.0, 0.0), (50257, 0.1, 1e-4), (65, 0.2, 0.01)]
+    if hidden:
+        rng = hidden_rng("initial_loss")
+        cases += [(rng.randrange(2, 300_000), rng.choice([0.0, 0.05, 0.1, 0.3]), rng.choice([0.0, 1e-4, 1e-3, 0.1]))
+                  for _ in range(4)]
+    for V, eps, z in cases:
+        got = call(predicted_initial_loss, V, eps, z, name="predicted_initial_loss")
+        expect(isinstance(got, (int, float)) and not isinstance(got, bool),
+               f"predicted_initial_loss({V}, {eps}, {z}) returned {type(got).__name__}, expected a float.",
+               "return a Python number computed with math (math.log), not a tensor.")
+        want = _initial_loss_variant(V, eps, z)
+        if math.isclose(got, want, rel_tol=1e-9, abs_tol=1e-12):
+            continue
+        hint = ("at initialisation every logit is 0, so every class has probability 1/V: work out -log p, then "
+                "log Z, as expressions in V.")
+        for variant, text in _INITIAL_HINTS:
+            other = _initial_loss_variant(V, eps, z, variant)
+            if math.isclose(got, other, rel_tol=1e-9, abs_tol=1e-12) and not math.isclose(other, want, rel_tol=1e-9):
+                hint = text
+                break
+        else:
+            if math.isclose(got, want, rel_tol=1e-4):
+                hint = ("close, but rounded: return the expression itself (math.log(V) ...), not a decimal or a "
+                        "float32 measurement.")
+        fail(f"predicted_initial_loss(V={V}, label_smoothing={eps}, z_loss={z}) = {got:.10g}, the value derived by "
+             f"hand is {want:.10g}.", hint)
+
+
+def measure_initial_loss(cross_entropy, V: int = 50257, eps: float = 0.1, z: float = 1e-4) -> float:
+    """Your cross_entropy on all-zero logits (B, T, V) = (2, 8, V), a quarter of the targets padding."""
+    g = generator(5111)
+    targets = torch.randint(0, V, (2, 8), generator=g)
+    targets[:, -2:] = -100
+    return float(cross_entropy(torch.zeros(2, 8, V, dtype=torch.float64), targets, -100, eps, z_loss=z))

@@ -4,11 +4,11 @@ from dataclasses import replace
 
 from notebook_tools import Mistake, TwoMistakes
 
-BOTH = {k: (f"ex{k}_visible", f"ex{k}_hidden") for k in range(1, 10)}
+BOTH = {k: (f"ex{k}_visible", f"ex{k}_hidden") for k in range(1, 12)}
 
 MISTAKES = [
     # ---- exercise 1: cross-entropy
-    Mistake("ce_no_max_subtraction", "ex1_answer", "shifted = logits - logits.max(dim=-1, keepdim=True).values",
+    Mistake("ce_no_max_subtraction", "ex1_answer", "shifted = logits - top",
             "shifted = logits", BOTH[1], "subtract each row's maximum"),
     Mistake("ce_mean_over_all_positions", "ex1_answer", "return per_token.sum() / keep.sum()",
             "return per_token.sum() / len(targets)", BOTH[1], "not by all B*T positions"),
@@ -18,10 +18,22 @@ MISTAKES = [
     Mistake("ce_smoothing_over_v_minus_1", "ex1_answer", "uniform = -log_probs.mean(dim=-1)",
             "uniform = (-log_probs.sum(dim=-1) - nll) / (V - 1)", BOTH[1], "the target included"),
     Mistake("ce_smoothing_on_ignored", "ex1_answer",
-            "per_token = (1 - label_smoothing) * nll + label_smoothing * uniform\n"
+            "per_token = (1 - label_smoothing) * nll + label_smoothing * uniform + z_loss * log_z ** 2\n"
             "    per_token = torch.where(keep, per_token, torch.zeros_like(per_token))",
-            "per_token = torch.where(keep, (1 - label_smoothing) * nll, torch.zeros_like(nll)) + label_smoothing * uniform",
+            "per_token = torch.where(keep, (1 - label_smoothing) * nll + z_loss * log_z ** 2, torch.zeros_like(nll))"
+            " + label_smoothing * uniform",
             BOTH[1], "spread mass onto positions whose target is ignore_index"),
+    # the z-loss (the exercise's transfer)
+    Mistake("ce_z_of_shifted_logits", "ex1_answer", "log_z = (top + log_sum).squeeze(1)", "log_z = log_sum.squeeze(1)",
+            BOTH[1], "add it back"),
+    Mistake("ce_z_not_squared", "ex1_answer", "z_loss * log_z ** 2", "z_loss * log_z", BOTH[1],
+            "square the log-partition"),
+    Mistake("ce_z_over_all_positions", "ex1_answer",
+            " + z_loss * log_z ** 2\n    per_token = torch.where(keep, per_token, torch.zeros_like(per_token))\n"
+            "    return per_token.sum() / keep.sum()",
+            "\n    per_token = torch.where(keep, per_token, torch.zeros_like(per_token))\n"
+            "    return per_token.sum() / keep.sum() + z_loss * (log_z ** 2).mean()",
+            BOTH[1], "the z-loss term, too, counts only kept positions"),
     Mistake("ce_smoothing_without_one_minus_eps", "ex1_answer", "(1 - label_smoothing) * nll", "nll",
             BOTH[1], "keeps weight (1 - label_smoothing)"),
     # ---- exercise 2: batches
@@ -80,26 +92,47 @@ MISTAKES = [
     Mistake("lr_cosine_comes_back_up", "ex5_answer", "    if step >= max_steps:\n        return min_lr\n", "",
             BOTH[5], "must not come back up"),
     Mistake("lr_progress_ignores_warmup", "ex5_answer",
-            "progress = (step - warmup_steps) / (max_steps - warmup_steps)", "progress = step / max_steps",
+            "progress = (step - decay_start) / decay_steps", "progress = step / max_steps",
             BOTH[5], "progress starts after warm-up"),
+    # the stable phase (the exercise's transfer)
+    Mistake("lr_decay_steps_ignored", "ex5_answer",
+            "    decay_start = max_steps - decay_steps\n    if step < decay_start:\n        return max_lr\n"
+            "    progress = (step - decay_start) / decay_steps",
+            "    progress = (step - warmup_steps) / (max_steps - warmup_steps)", BOTH[5], "decay_steps was ignored"),
+    Mistake("lr_decay_progress_from_warmup", "ex5_answer", "progress = (step - decay_start) / decay_steps",
+            "progress = (step - warmup_steps) / (max_steps - warmup_steps)", BOTH[5],
+            "must start where the decay starts"),
     # ---- exercise 6: clipping
-    Mistake("clip_returns_norm_after_clipping", "ex6_answer", "return [g * scale for g in grads], total",
-            "return [g * scale for g in grads], total * scale", BOTH[6], "before clipping"),
-    Mistake("clip_each_tensor_alone", "ex6_answer", "return [g * scale for g in grads], total",
-            "return [g * min(1.0, max_norm / (float(g.norm()) + 1e-6)) for g in grads], total", BOTH[6],
-            "each tensor was clipped on its own"),
+    Mistake("clip_returns_norm_after_clipping", "ex6_answer",
+            "return [None if g is None else g * scale for g in grads], total",
+            "return [None if g is None else g * scale for g in grads], total * scale", BOTH[6], "before clipping"),
+    Mistake("clip_each_tensor_alone", "ex6_answer", "return [None if g is None else g * scale for g in grads], total",
+            "return [None if g is None else g * min(1.0, max_norm / (float(g.float().norm()) + 1e-6)) "
+            "for g in grads], total", BOTH[6], "each tensor was clipped on its own"),
     Mistake("clip_scales_up", "ex6_answer", "scale = min(1.0, max_norm / (total + 1e-6))",
             "scale = max_norm / (total + 1e-6)", BOTH[6], "never scale up"),
-    Mistake("clip_sum_of_norms", "ex6_answer", "total = math.sqrt(sum(float(g.double().pow(2).sum()) for g in grads))",
-            "total = sum(float(g.norm()) for g in grads)", BOTH[6], "not the sum of the per-tensor norms"),
+    Mistake("clip_sum_of_norms", "ex6_answer",
+            "total = math.sqrt(sum(float(g.float().pow(2).sum()) for g in present))",
+            "total = sum(float(g.float().norm()) for g in present)", BOTH[6], "not the sum of the per-tensor norms"),
+    # mixed dtypes and missing gradients (the exercise's transfer)
+    Mistake("clip_norm_in_low_precision", "ex6_answer", "g.float().pow(2).sum()", "g.pow(2).sum()", BOTH[6],
+            "computed in the gradients' own low precision"),
+    Mistake("clip_returns_float32", "ex6_answer", "else g * scale for g in grads]", "else g.float() * scale for g in grads]",
+            BOTH[6], "keeps its own dtype"),
+    Mistake("clip_drops_none", "ex6_answer", "return [None if g is None else g * scale for g in grads], total",
+            "return [g * scale for g in present], total", BOTH[6], "stays None in its place"),
     # ---- exercise 7: accumulation
-    Mistake("accum_mean_of_micro_batch_means", "ex7_answer", "(loss / total).backward()",
-            "(loss / int((y != -100).sum()) / len(micro_batches)).backward()", BOTH[7],
-            "weights a small micro-batch as much as a large one"),
+    TwoMistakes("accum_mean_of_micro_batch_means", "ex7_answer", 'ignore_index=-100, reduction="sum")',
+                'ignore_index=-100, reduction="mean")', BOTH[7], "weights a small micro-batch as much as a large one",
+                cell2="ex7_answer", old2="total += int((y != -100).sum())", new2="total += 1"),
     Mistake("accum_grads_not_zeroed", "ex7_answer", "    model.zero_grad(set_to_none=True)\n", "", BOTH[7],
             "zero the gradients"),
-    Mistake("accum_padding_counted", "ex7_answer", "total = sum(int((y != -100).sum()) for _, y in micro_batches)",
-            "total = sum(y.numel() for _, y in micro_batches)", BOTH[7], "padding targets (-100) do not count"),
+    Mistake("accum_padding_counted", "ex7_answer", "total += int((y != -100).sum())",
+            "total += y.numel()", BOTH[7], "padding targets (-100) do not count"),
+    Mistake("accum_grad_left_summed", "ex7_answer",
+            "    for p in model.parameters():\n        p.grad.div_(total)\n"
+            "    return [p.grad.clone() for p in model.parameters()]",
+            "    return [p.grad / total for p in model.parameters()]", BOTH[7], "the optimizer's step reads p.grad"),
     Mistake("accum_zero_grad_inside_loop", "ex7_answer", "    for x, y in micro_batches:\n        logits = model(x)",
             "    for x, y in micro_batches:\n        model.zero_grad()\n        logits = model(x)", BOTH[7],
             "only the last micro-batch"),
@@ -161,6 +194,49 @@ MISTAKES.append(replace(next(m for m in MISTAKES if m.name == "adamw_step_counte
                         name="resume_after_adamw_step_counter_per_call", failing=BOTH[9],
                         hint="train calls your AdamW, which fails exercise 3's tests"))
 
+# ---- exercise 10: the tiny model of chapters 1 to 4
+MISTAKES += [
+    Mistake("tiny_no_sqrt_d_scale", "ex10_answer", "self.tok(ids) * math.sqrt(self.d_model)", "self.tok(ids)",
+            BOTH[10], "multiplied by sqrt(d_model) before the positions"),
+    Mistake("tiny_not_causal", "ex10_answer",
+            '        scores = scores.masked_fill(~self.causal[:T, :T], float("-inf"))\n', "", BOTH[10],
+            "position t saw later tokens"),
+    Mistake("tiny_positions_in_halves", "ex10_answer",
+            "pe[:, 0::2] = torch.sin(pos * freq)\n        pe[:, 1::2] = torch.cos(pos * freq)",
+            "pe = torch.cat([torch.sin(pos * freq), torch.cos(pos * freq)], dim=-1)", BOTH[10], "the sinusoids interleave"),
+    Mistake("tiny_no_attention_scale", "ex10_answer", "scores = q @ k.transpose(-2, -1) / math.sqrt(self.d_model)",
+            "scores = q @ k.transpose(-2, -1)", BOTH[10], "divide the attention scores by sqrt(d_model)"),
+    TwoMistakes("tiny_post_ln", "ex10_answer", "q, k, v = self.qkv(self.ln1(x))", "q, k, v = self.qkv(x)", BOTH[10],
+                "the block is Pre-LN", cell2="ex10_answer",
+                old2="x = x + self.proj(scores.softmax(dim=-1) @ v)\n        x = x + self.down(F.gelu(self.up(self.ln2(x))))",
+                new2="x = self.ln1(x + self.proj(scores.softmax(dim=-1) @ v))\n"
+                     "        x = self.ln2(x + self.down(F.gelu(self.up(x))))"),
+    TwoMistakes("tiny_untied_head", "ex10_answer", "self.drop = nn.Dropout(dropout)",
+                "self.drop = nn.Dropout(dropout)\n        self.head = nn.Linear(d_model, vocab_size, bias=False)",
+                BOTH[10], "the output layer is tied to the embedding", cell2="ex10_answer",
+                old2="return self.ln_f(x) @ self.tok.weight.T", new2="return self.head(self.ln_f(x))"),
+    Mistake("tiny_default_embedding_init", "ex10_answer",
+            "        nn.init.normal_(self.tok.weight, std=d_model ** -0.5)\n", "", BOTH[10],
+            "std=d_model ** -0.5"),
+]
+# A wrong loop underneath: exercise 10 blames train (exercise 9), not the model.
+MISTAKES.append(replace(next(m for m in MISTAKES if m.name == "train_default_betas"),
+                        name="tiny_after_train_default_betas", failing=BOTH[10],
+                        hint="calls your train, which fails exercise 9's tests"))
+
+# ---- exercise 11: the loss at initialisation
+MISTAKES += [
+    Mistake("init_loss_without_z", "ex11_answer", "return math.log(V) + z_loss * math.log(V) ** 2",
+            "return math.log(V)", BOTH[11], "the z-loss is not 0 at initialisation"),
+    Mistake("init_loss_smoothing_scaled", "ex11_answer", "return math.log(V) + z_loss",
+            "return (1 - label_smoothing) * math.log(V) + z_loss", BOTH[11], "label smoothing changes nothing here"),
+    Mistake("init_loss_z_not_squared", "ex11_answer", "z_loss * math.log(V) ** 2", "z_loss * math.log(V)", BOTH[11],
+            "the z-loss squares log Z"),
+    Mistake("init_loss_in_bits", "ex11_answer", "return math.log(V) + z_loss * math.log(V) ** 2",
+            "return math.log2(V) + z_loss * math.log2(V) ** 2", BOTH[11], "the loss is in nats"),
+]
+
 # Graded end to end through the real autograder (each costs a kernel run).
 E2E = {"ce_smoothing_on_ignored", "adamw_state_recreated_every_step", "scaler_never_grows_back",
-       "resume_rng_not_restored", "batch_last_window_never_drawn"}
+       "resume_rng_not_restored", "batch_last_window_never_drawn", "ce_z_of_shifted_logits", "clip_norm_in_low_precision",
+       "tiny_not_causal"}

@@ -76,6 +76,29 @@ def expect(condition: bool, what: str, hint: str) -> None:
         fail(what, hint)
 
 
+def judge_prediction(name: str, value: Any, answer: float, *, unit_hint: str, asked: str, exact: float,
+                     close: float, close_hint: str, guesses: list[tuple[float, str]], near: float,
+                     fallback: str, relative: bool = False, shown: str = "g") -> None:
+    """A "predict, then measure" answer against the value derived by hand. It passes within
+    ``exact``; within ``close`` it is a rounded reading, not the arithmetic asked for; otherwise
+    the hint is that of the first known slip within ``near`` of the value (a fraction of it
+    when ``relative``), or ``fallback``. ``asked`` says what the question asked for."""
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        fail(f"{name}() returned {type(value).__name__}, expected a number.", unit_hint)
+    if isinstance(value, bool):
+        fail(f"{name}() returned a bool, expected a number.", unit_hint)
+    if abs(number - answer) <= exact:
+        return
+    slip = next((h for v, h in guesses if abs(number - v) <= 1e-9 * max(abs(v), 1.0)), None)
+    if slip is None and abs(number - answer) <= close:    # an exact slip near the answer is still that slip
+        fail(f"{name}() is {value!r}: close, but not the exact value derived by hand.", close_hint)
+    hint = slip or next((h for v, h in guesses if abs(number - v) <= near * (max(abs(v), 1.0) if relative else 1.0)),
+                        fallback)
+    fail(f"{name}() is {number:{shown}}, which is not {asked}.", hint)
+
+
 def call(fn: Callable, *args: Any, name: str | None = None, **kwargs: Any) -> Any:
     """Call the student's function; a stub's NotImplementedError passes through unchanged."""
     try:

@@ -25,6 +25,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 from ._core import CheckFailed, call, earlier_first, expect, expect_close, expect_tensor, fail, forbid, generator
+from ._core import judge_prediction
 from ._core import one_thread as _one_thread, same as _same
 from ._hidden import hidden_generator, hidden_rng, hidden_seed
 
@@ -875,18 +876,6 @@ def entropy_prediction_passes(predicted_entropy) -> bool:
 
 
 def _check_entropy_prediction(predicted_entropy) -> None:
-    value = call(predicted_entropy)
-    try:
-        value = float(value)
-    except (TypeError, ValueError):
-        fail(f"predicted_entropy() returned {type(value).__name__}, expected a number.",
-             "return your prediction as a number of nats.")
-    if abs(value - ENTROPY_ANSWER) <= 1e-9:
-        return
-    if abs(value - ENTROPY_ANSWER) <= 0.01:
-        fail(f"predicted_entropy() is {value!r}: close, but not the exact value derived by hand.",
-             "a rounded decimal (or a value read off a measurement) is not the prediction: return the arithmetic "
-             "that gives it, as a Python expression (math.log(...) and the like), exact to float precision.")
     guesses = [
         (math.log(1024), "the query at position 511 of a causal sequence sees only keys 0 .. 511: the causal mask "
                          "leaves 512 keys, not 1024."),
@@ -897,11 +886,18 @@ def _check_entropy_prediction(predicted_entropy) -> None:
               "scores / temperature all go to 0 and the weights become uniform."),
         (512.0, "that is the number of keys; the entropy of a uniform distribution over n keys is ln(n)."),
     ]
-    hint = next((h for v, h in guesses if abs(value - v) <= 0.01),
-                "scores / temperature all go to 0 as the temperature grows, so the weights become uniform over the "
-                "keys the query may see; the entropy of a uniform distribution over n outcomes is ln(n) nats.")
-    fail(f"predicted_entropy() is {value:g}, which is not the entropy asked for (causal query at position 511 of "
-         "1024 tokens, temperature -> infinity).", hint)
+    judge_prediction("predicted_entropy", call(predicted_entropy), ENTROPY_ANSWER,
+                     unit_hint="return your prediction as a number of nats.",
+                     asked="the entropy asked for (causal query at position 511 of 1024 tokens, temperature -> "
+                           "infinity)",
+                     exact=1e-9, close=0.01, close_hint=_ROUNDED_HINT, guesses=guesses, near=0.01,
+                     fallback="scores / temperature all go to 0 as the temperature grows, so the weights become "
+                              "uniform over the keys the query may see; the entropy of a uniform distribution over n "
+                              "outcomes is ln(n) nats.")
+
+
+_ROUNDED_HINT = ("a rounded decimal (or a value read off a measurement) is not the prediction: return the arithmetic "
+                 "that gives it, as a Python expression (math.log(...) and the like), exact to float precision.")
 
 
 @_one_thread

@@ -25,7 +25,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ._core import CheckFailed, call, earlier_answers, earlier_first, expect, expect_tensor, fail, forbid, generator
-from ._core import one_thread as _one_thread, same as _same
+from ._core import judge_prediction, one_thread as _one_thread, same as _same
 from ._hidden import hidden_generator, hidden_rng, hidden_seed
 
 # ----------------------------------------------------------------------------- helpers
@@ -1202,18 +1202,6 @@ def ffn_share_prediction_passes(predicted_ffn_share) -> bool:
 
 
 def _check_ffn_share_prediction(predicted_ffn_share) -> None:
-    value = call(predicted_ffn_share, name="predicted_ffn_share")
-    try:
-        value = float(value)
-    except (TypeError, ValueError):
-        fail(f"predicted_ffn_share() returned {type(value).__name__}, expected a number.",
-             "return your prediction as a fraction between 0 and 1.")
-    if abs(value - FFN_SHARE_ANSWER) <= 1e-9:
-        return
-    if abs(value - FFN_SHARE_ANSWER) <= 2e-3:
-        fail(f"predicted_ffn_share() is {value!r}: close, but not the exact value derived by hand.",
-             "a rounded decimal (or a value read off a measurement) is not the prediction: return the arithmetic "
-             "that gives it, as a Python expression of the configuration's numbers, exact to float precision.")
     d, V, L, h = 4096, 128256, 32, 14336
     ffn = L * 3 * d * h
     layers = L * (2 * d * d + 2 * d * 1024 + 3 * d * h + 2 * d)
@@ -1228,11 +1216,17 @@ def _check_ffn_share_prediction(predicted_ffn_share) -> None:
          "SwiGLU has three matrices per layer (gate, up, down), not two."),
         (100 * FFN_SHARE_ANSWER, "return a fraction between 0 and 1, not a percentage."),
     ]
-    hint = next((hint for v, hint in guesses if abs(value - v) <= 1e-6),
-                "per layer the FFN holds 3 * 4096 * 14336 weights; the total adds attention (w_q and w_o of 4096 x "
-                "4096, w_k and w_v of 4096 x 1024), two norms per layer, the final norm, the embedding and the "
-                "output layer.")
-    fail(f"predicted_ffn_share() is {value:.6g}, which is not the FFNs' share of Llama 3 8B's parameters.", hint)
+    judge_prediction(
+        "predicted_ffn_share", call(predicted_ffn_share, name="predicted_ffn_share"), FFN_SHARE_ANSWER,
+        unit_hint="return your prediction as a fraction between 0 and 1.",
+        asked="the FFNs' share of Llama 3 8B's parameters", exact=1e-9, close=2e-3,
+        close_hint="a rounded decimal (or a value read off a measurement) is not the prediction: return the "
+                   "arithmetic that gives it, as a Python expression of the configuration's numbers, exact to float "
+                   "precision.",
+        guesses=guesses, near=1e-6, shown=".6g",
+        fallback="per layer the FFN holds 3 * 4096 * 14336 weights; the total adds attention (w_q and w_o of 4096 x "
+                 "4096, w_k and w_v of 4096 x 1024), two norms per layer, the final norm, the embedding and the "
+                 "output layer.")
 
 
 class _Part(nn.Module):

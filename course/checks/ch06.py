@@ -22,7 +22,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ._core import CheckFailed, call, earlier_first, expect, expect_close, expect_tensor, fail, generator
-from ._core import one_thread as _one_thread
+from ._core import judge_prediction, one_thread as _one_thread
 from ._hidden import hidden_generator, hidden_rng, hidden_seed
 
 # ----------------------------------------------------------------------------- helpers
@@ -642,7 +642,6 @@ def _generation_cases(hidden: bool):
 
 def _check_prefill(rec: dict, prompts: list[torch.Tensor], label: str) -> None:
     B, T0 = len(prompts), max(len(p) for p in prompts)
-    lengths = [len(p) for p in prompts]
     expect(rec["cached"] == 0 and tuple(rec["ids"].shape) == (B, T0),
            f"{label}: the first call fed ids of shape {tuple(rec['ids'].shape)} after a cache of {rec['cached']} "
            f"tokens, expected the padded prompts, ({B}, {T0}), with no cache.",
@@ -1149,12 +1148,6 @@ KV_ANSWER = _kv_bytes(**KV_PREDICTION)
 
 
 def _check_kv_prediction(predicted_kv_cache_bytes) -> None:
-    value = call(predicted_kv_cache_bytes)
-    expect(isinstance(value, (int, float)) and not isinstance(value, bool),
-           f"predicted_kv_cache_bytes() returned {type(value).__name__}, expected a number.",
-           "return your prediction as a number of bytes (an int, or the arithmetic that gives it).")
-    if value == KV_ANSWER:
-        return
     c = KV_PREDICTION
     guesses = [
         (KV_ANSWER / 2, "a factor 2 is missing: the cache holds a key AND a value per token, layer and key/value "
@@ -1168,13 +1161,15 @@ def _check_kv_prediction(predicted_kv_cache_bytes) -> None:
         (KV_ANSWER / 2 ** 30, "give the answer in bytes, not GiB."),
         (KV_ANSWER / 1e9, "give the answer in bytes, not GB."),
     ]
-    hint = next((h for v, h in guesses if abs(value - v) <= 1e-6 * max(abs(v), 1.0)),
-                "bytes = 2 (a key and a value) x n_layers x n_kv_heads x d_head x tokens x sequences x bytes per "
-                "number.")
-    if abs(value - KV_ANSWER) <= 0.01 * KV_ANSWER:
-        hint = "close, but not exact: a count of bytes is an integer; write the product, not a rounded reading."
-    fail(f"predicted_kv_cache_bytes() is {value:,}, which is not the size of the KV cache asked for (Qwen2-7B, 8 "
-         f"sequences of 32,768 tokens, bfloat16).", hint)
+    judge_prediction(
+        "predicted_kv_cache_bytes", call(predicted_kv_cache_bytes), KV_ANSWER,
+        unit_hint="return your prediction as a number of bytes (an int, or the arithmetic that gives it).",
+        asked="the size of the KV cache asked for (Qwen2-7B, 8 sequences of 32,768 tokens, bfloat16)",
+        exact=0, close=0.01 * KV_ANSWER,
+        close_hint="close, but not exact: a count of bytes is an integer; write the product, not a rounded reading.",
+        guesses=guesses, near=1e-6, relative=True, shown=",.0f",
+        fallback="bytes = 2 (a key and a value) x n_layers x n_kv_heads x d_head x tokens x sequences x bytes per "
+                 "number.")
 
 
 def kv_prediction_passes(predicted_kv_cache_bytes) -> bool:
@@ -1366,9 +1361,9 @@ def check_speculative_accept(speculative_accept, expected_tokens_per_step, hidde
                 if abs(rate - alpha_j) > 5.5 * math.sqrt(max(alpha_j * (1 - alpha_j), 1e-12) / reached) + 3 / reached:
                     fail(f"speculative_accept accepted the draft token at position {j} in {rate:.3f} of the {reached} "
                          f"rows that reached it; the rule gives {alpha_j:.3f} (sum of min(p_{j}, q_{j})).",
-                         f"every position has its own test: draw a fresh uniform for each position (u of shape (B, k)) "
-                         f"and accept draft_tokens[:, j] with probability min(1, p_j(x) / q_j(x)), p_j and q_j the "
-                         f"target and draft distributions at position j.")
+                         "every position has its own test: draw a fresh uniform for each position (u of shape (B, k)) "
+                         "and accept draft_tokens[:, j] with probability min(1, p_j(x) / q_j(x)), p_j and q_j the "
+                         "target and draft distributions at position j.")
             emitted = torch.where(n[rows] > j, draft[rows, min(j, k - 1)], nxt[rows])
             counts = torch.bincount(emitted, minlength=V)
             stat, dof, impossible = _chi2(counts, p[j])

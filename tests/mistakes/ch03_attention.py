@@ -202,6 +202,10 @@ MISTAKES = [
     Mistake("entropy_prediction_in_bits", "ex6_answer",
             "return math.log(512)", "return math.log2(512)",
             BOTH["ex6"], "ln, not log2"),
+    # Within 0.01 of the answer, yet a slip of its own (the query's own key forgotten), not a rounding.
+    Mistake("entropy_prediction_forgets_own_key", "ex6_answer",
+            "return math.log(512)", "return math.log(511)",
+            BOTH["ex6"], "the query sees itself too", e2e=False),
     # The demo's measurement pasted as a rounded decimal: within 0.01, but the arithmetic is asked for.
     Mistake("entropy_prediction_rounded_decimal", "ex6_answer",
             "return math.log(512)", "return 6.2383",

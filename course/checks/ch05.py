@@ -577,7 +577,8 @@ def _lr_oracle(step, max_lr, min_lr, warmup, max_steps, decay_steps=None):
 
 
 def check_lr_at(lr_at, hidden: bool = False) -> None:
-    configs = [(1.0, 0.1, 10, 100, None), (6e-4, 6e-5, 5, 30, None), (1.0, 0.1, 4, 40, 10), (3e-3, 0.0, 2, 12, 10)]
+    configs = [(1.0, 0.1, 10, 100, None), (6e-4, 6e-5, 5, 30, None), (1.0, 0.1, 4, 40, 10), (3e-3, 0.0, 2, 12, 10),
+               (1.0, 0.1, 3, 12, 0)]
     if hidden:
         rng = hidden_rng("lr_at")
         configs.append((3e-4, 0.0, 0, 20, None))       # no warm-up at all
@@ -586,7 +587,7 @@ def check_lr_at(lr_at, hidden: bool = False) -> None:
             max_lr = float(f"{10 ** rng.uniform(-5, 0):.3g}")
             warmup = rng.randrange(1, 40)
             max_steps = warmup + rng.randrange(2, 200)
-            decay = rng.choice([None, rng.randrange(1, max_steps - warmup + 1)])
+            decay = rng.choice([None, 0, rng.randrange(1, max_steps - warmup + 1)])
             configs.append((max_lr, max_lr * rng.choice([0.0, 0.01, 0.1, 0.5]), warmup, max_steps, decay))
     cos = lambda p: 0.5 * (1 + math.cos(math.pi * p))  # noqa: E731
     for max_lr, min_lr, warmup, max_steps, decay_steps in configs:
@@ -608,6 +609,10 @@ def check_lr_at(lr_at, hidden: bool = False) -> None:
                 hint = "warm-up counts from step + 1: step 0 already uses max_lr / warmup_steps, never 0."
             elif step < warmup:
                 hint = "during warm-up the rate rises linearly: max_lr * (step + 1) / warmup_steps."
+            elif decay_steps == 0 and math.isclose(got, _lr_oracle(step, max_lr, min_lr, warmup, max_steps),
+                                                   rel_tol=1e-6, abs_tol=1e-15):
+                hint = ("decay_steps=0 was taken for the default: 0 means no decay (max_lr up to max_steps); only None "
+                        "means every step after warm-up.")
             elif step >= max_steps and not math.isclose(got, min_lr, rel_tol=1e-6, abs_tol=1e-15):
                 hint = "after max_steps the rate stays at min_lr (the cosine must not come back up)."
             elif decay_steps is not None and step < start and math.isclose(

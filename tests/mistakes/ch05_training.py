@@ -99,6 +99,8 @@ MISTAKES = [
             "    decay_start = max_steps - decay_steps\n    if step < decay_start:\n        return max_lr\n"
             "    progress = (step - decay_start) / decay_steps",
             "    progress = (step - warmup_steps) / (max_steps - warmup_steps)", BOTH[5], "decay_steps was ignored"),
+    Mistake("lr_decay_steps_zero_as_default", "ex5_answer", "    if decay_steps is None:\n        decay_steps = max_steps - warmup_steps",
+            "    decay_steps = decay_steps or max_steps - warmup_steps", BOTH[5], "0 means no decay"),
     Mistake("lr_decay_progress_from_warmup", "ex5_answer", "progress = (step - decay_start) / decay_steps",
             "progress = (step - warmup_steps) / (max_steps - warmup_steps)", BOTH[5],
             "must start where the decay starts"),

@@ -1231,10 +1231,17 @@ def _tiny_lm_oracle(m: nn.Module, ids: torch.Tensor, variant: str = "ok") -> tor
             return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=1.0)
         return F.scaled_dot_product_attention(q, k, v, is_causal=variant != "not_causal")
 
-    mlp = lambda h: F.linear(F.gelu(F.linear(h, m.up.weight, m.up.bias)), m.down.weight, m.down.bias)  # noqa: E731
+    gelu = "tanh" if variant == "tanh_gelu" else "none"
+    mlp = lambda h: F.linear(F.gelu(F.linear(h, m.up.weight, m.up.bias), approximate=gelu),  # noqa: E731
+                             m.down.weight, m.down.bias)
     if variant == "post_ln":
         x = ln(m.ln1, x + F.linear(attend(x), m.proj.weight, m.proj.bias))
         x = ln(m.ln2, x + mlp(x))
+    elif variant == "residual_from_norm":
+        h = ln(m.ln1, x)
+        x = h + F.linear(attend(h), m.proj.weight, m.proj.bias)
+        h = ln(m.ln2, x)
+        x = h + mlp(h)
     else:
         x = x + F.linear(attend(ln(m.ln1, x)), m.proj.weight, m.proj.bias)
         x = x + mlp(ln(m.ln2, x))
@@ -1251,6 +1258,10 @@ _TINY_HINTS = [
                            "softmax."),
     ("post_ln", "the block is Pre-LN (chapter 4): x = x + attn(ln1(x)), then x = x + mlp(ln2(x)); the norms act on "
                 "the branch's input, and the residual stream itself is never normalised inside the block."),
+    ("residual_from_norm", "the residual adds the branch to x itself, not to the normalised x: h = ln1(x), then "
+                           "x = x + proj(attention(h)) (and the same with ln2 for the MLP)."),
+    ("tanh_gelu", "the spec's GELU is the exact one, x * Phi(x) with the normal CDF (F.gelu's default), not the "
+                  "tanh approximation."),
 ]
 
 
@@ -1330,6 +1341,11 @@ def _tiny_forward_case(model: nn.Module, ids: torch.Tensor, what: str, dtype: to
         return
     hint = ("follow the spec's forward in order: tok(ids) * sqrt(d_model) + PE, dropout, x + proj(attention(ln1(x))), "
             "x + down(gelu(up(ln2(x)))), ln_f, then the tied output tok.weight.T.")
+    if not torch.isfinite(got.detach()).all():
+        bad = int((~torch.isfinite(got.detach())).any(-1).nonzero()[0, 1])
+        fail(f"the logits of {what} hold NaN or inf (first at position {bad}).",
+             "a query row whose keys are all masked gives a softmax of 0/0: token t attends to tokens 0..t, itself "
+             "included, so mask only the scores strictly above the diagonal (triu with diagonal=1).")
     with torch.no_grad():
         for variant, text in _TINY_HINTS:
             if torch.allclose(got.detach(), _tiny_lm_oracle(ref, ids, variant), atol=1e-4, rtol=1e-4):

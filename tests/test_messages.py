@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 
 from course.checks import CheckFailed
-from course.checks._core import SHOW_TRACEBACK, call, describe_inputs, expect_close, fail
+from course.checks._core import SHOW_TRACEBACK, call, describe_inputs, earlier_first, expect_close, fail, own_fault
 
 
 def _raised(fn, *args):
@@ -59,3 +59,37 @@ def test_self_check_prints_what_the_notebook_shows():
     other = from_dict({"output_type": "error", "ename": "NameError", "evalue": "name 'f' is not defined",
                        "traceback": ["\x1b[31m...long coloured traceback...\x1b[0m"]})
     assert failure_message(other) == "NameError: name 'f' is not defined"
+
+
+def _stub():
+    raise NotImplementedError()
+
+
+def _failing(hint):
+    return lambda: fail("its own test failed", hint)
+
+
+def _blamed(*earlier, own=False):
+    def run():
+        with earlier_first(*earlier):
+            if own:
+                with own_fault():
+                    fail("the later exercise failed", "its own slip")
+            fail("the later exercise failed", "its own slip")
+    return str(_raised(run))
+
+
+def test_an_earlier_answer_at_fault_is_named_with_its_own_hint_and_every_other_one_too():
+    text = _blamed(("calls your a, which fails exercise 1's tests", _failing("a's slip")),
+                   ("calls your b, which fails exercise 2's tests", lambda: None),
+                   ("calls your c, which fails exercise 3's tests", _failing("c's slip")),
+                   ("calls your d, which fails exercise 4's tests", _stub))
+    assert text.startswith("the later exercise failed\nLikely mistake: calls your a, which fails exercise 1's tests")
+    assert "a's slip" in text and "Besides, calls your c, which fails exercise 3's tests." in text
+    assert "exercise 2" not in text and "exercise 4" not in text, "a passing answer or a stub is not blamed"
+
+
+def test_a_failure_of_its_own_or_with_every_earlier_answer_right_is_its_own():
+    assert "its own slip" in _blamed(("calls your a", lambda: None))
+    assert "its own slip" in _blamed(("calls your a", _failing("a's slip")), own=True)
+

@@ -254,24 +254,29 @@ def earlier_first(*earlier: tuple[str, Callable[[], None]]) -> Iterator[None]:
     ``earlier`` holds ``(what, run_check)`` pairs, for example ``("train_bpe calls your
     get_pair_counts and merge_pair, which fail exercise 1's tests", lambda: ...)``. When the
     block fails and one of these checks fails too, the hint says to fix that exercise first
-    and quotes its own hint; a stub (NotImplementedError) of the earlier answer is ignored, and
-    so is a failure marked with ``own_fault`` (one no earlier answer can have caused)."""
+    and quotes its own hint, and names every other earlier answer that fails as well; a stub
+    (NotImplementedError) of an earlier answer is ignored, and so is a failure marked with
+    ``own_fault`` (one no earlier answer can have caused)."""
     try:
         yield
     except CheckFailed as err:
         if getattr(err, "own", False):
             raise
+        failing = []            # every earlier answer at fault, so that one round of fixes is enough
         for what, run_check in earlier:
             try:
                 run_check()
             except NotImplementedError:
                 continue
             except CheckFailed as inner:
-                found = str(err).split("\nLikely mistake: ", 1)[0]
-                inner_hint = str(inner).split("\nLikely mistake: ", 1)[-1]
-                raise CheckFailed(f"{found}\nLikely mistake: {what}: fix that exercise first. "
-                                  f"Its test says: {inner_hint}") from err
-        raise
+                failing.append((what, str(inner).split("\nLikely mistake: ", 1)[-1]))
+        if not failing:
+            raise
+        found = str(err).split("\nLikely mistake: ", 1)[0]
+        (what, inner_hint), others = failing[0], [w for w, _ in failing[1:]]
+        also = f" Besides, {'; '.join(others)}." if others else ""
+        raise CheckFailed(f"{found}\nLikely mistake: {what}: fix that exercise first. "
+                          f"Its test says: {inner_hint}{also}") from err
 
 
 def earlier_answers(who: str, *answers: tuple[str, int, Any, Callable[[Any], None]]) -> list:

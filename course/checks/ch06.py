@@ -121,7 +121,8 @@ def _sampler_cases(hidden: bool) -> list[dict]:
              dict(logits=base, temperature=0.8, top_k=7, top_p=0.9, repetition_penalty=1.3, prev_tokens=prev)]
     ties = torch.tensor([[2.0, 1.0, 1.0, 1.0, 0.0, -1.0], [0.5, 0.5, 0.5, 0.5, 0.5, 0.5]])
     cases += [dict(logits=ties, temperature=1.0, top_k=2),       # the k-th logit ties: every tied token stays
-              dict(logits=base, temperature=1.0, top_k=13)]      # top_k above the vocabulary: nothing removed
+              dict(logits=base, temperature=1.0, top_k=13),      # top_k above the vocabulary: nothing removed
+              dict(logits=torch.randn(2, 12, generator=g) * 1e4, temperature=0.05, top_k=6, top_p=0.9)]  # extreme
     if not hidden:
         return cases
     rng, g = hidden_rng("sampler"), hidden_generator("sampler")
@@ -187,7 +188,9 @@ def _first_difference(got: torch.Tensor, x_before: torch.Tensor, want_keep: torc
 
 def _label(case: dict) -> str:
     args = [f"{k}={v}" for k, v in case.items() if k not in ("logits", "prev_tokens")]
-    return f"process_logits(logits of shape {tuple(case['logits'].shape)}, {', '.join(args)})"
+    top = float(case["logits"].abs().max())
+    size = f" up to {top:.3g} in size" if top > 100 else ""
+    return f"process_logits(logits of shape {tuple(case['logits'].shape)}{size}, {', '.join(args)})"
 
 
 @_one_thread
@@ -236,6 +239,11 @@ def check_process_logits(process_logits, hidden: bool = False) -> None:
                     and bool((got_keep <= want_keep).all()) and bool((want_keep.sum(-1) > top_k).any())):
                 hint = ("tokens tied with the k-th largest logit stay: remove only logits strictly below the k-th "
                         "largest (x < kth); the indices from topk break ties arbitrarily.")
+            elif (top_p is not None and float(x_before.masked_fill(~x_before.isfinite(), 0).abs().max()) > 80
+                  and bool((got_keep >= want_keep).all())):
+                hint = ("these logits reach e^80 and beyond: exp() overflows to inf, inf / inf is NaN, and a NaN "
+                        "probability is never removed by top-p. Subtract each row's maximum before exp (torch.softmax "
+                        "does).")
             elif ok_set and _same(torch.log_softmax(got.double() * temperature, -1).masked_fill(~got_keep, 0),
                                 torch.log_softmax(want, -1).masked_fill(~got_keep, 0)) and temperature != 1:
                 hint = "divide the logits by the temperature (a low temperature sharpens the distribution)."

@@ -12,6 +12,8 @@ MISTAKES = [
     Mistake("top_p_drops_crossing_token", "ex1_answer", "remove_sorted = before >= top_p",
             "remove_sorted = sorted_p.cumsum(dim=-1) > top_p",
             ("ex1_visible", "ex1_hidden"), "the token that crosses top_p"),
+    Mistake("top_p_softmax_overflows", "ex1_answer", "probs = torch.softmax(x, dim=-1)",
+            "probs = x.exp() / x.exp().sum(dim=-1, keepdim=True)", ("ex1_visible", "ex1_hidden"), "Subtract each row's maximum"),
     Mistake("top_k_keeps_k_minus_one", "ex1_answer", "x.masked_fill(x < kth,", "x.masked_fill(x <= kth,",
             ("ex1_visible", "ex1_hidden"), "keep k tokens"),
     Mistake("penalty_always_divides", "ex1_answer",

@@ -796,7 +796,27 @@ class OnceLoader:
 
 class GradsInStateLM(TinyLM):
     """TinyLM whose state_dict also carries each parameter's .grad (an empty tensor for None),
-    so that a grader outside the kernel, which receives module state only, sees the gradients."""
+    so that a grader outside the kernel, which receives module state only, sees the gradients.
+    Its buffers count the forward passes whose graph is still waiting for its backward, and the
+    most of them at any one time (one, when each micro-batch is backwarded before the next)."""
+
+    def __init__(self, vocab_size: int = 16, d_model: int = 12, dropout: float = 0.0):
+        super().__init__(vocab_size, d_model, dropout)
+        self.register_buffer("open_graphs", torch.zeros((), dtype=torch.long))
+        self.register_buffer("most_open_graphs", torch.zeros((), dtype=torch.long))
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        out = super().forward(ids)
+        if out.requires_grad:
+            with torch.no_grad():
+                self.open_graphs.add_(1)
+                self.most_open_graphs.copy_(torch.maximum(self.most_open_graphs, self.open_graphs))
+            out.register_hook(self._graph_closed)
+        return out
+
+    def _graph_closed(self, grad: torch.Tensor) -> None:
+        with torch.no_grad():
+            self.open_graphs.sub_(1)
 
     def state_dict(self, *args, **kwargs):
         state = super().state_dict(*args, **kwargs)
@@ -842,12 +862,15 @@ def check_accumulate_gradients(accumulate_gradients, hidden: bool = False) -> No
         torch.manual_seed(seed)
         model = GradsInStateLM(V, 8).to(dtype)
         reference = TinyLM(V, 8).to(dtype)
-        reference.load_state_dict(TinyLM.state_dict(model))
+        reference.load_state_dict({k: v for k, v in TinyLM.state_dict(model).items() if not k.endswith("open_graphs")})
         want = _accumulated_oracle(reference, micro)
         what = (f"micro-batches of sizes {sizes} (block_size {T}, some targets -100), read once from an iterator, "
                 f"a {str(dtype)[6:]} model")
         tol = dict(atol=1e-6, rtol=1e-4) if dtype == torch.float32 else dict(atol=1e-12, rtol=1e-9)
         for attempt in range(2):
+            with torch.no_grad():
+                model.open_graphs.zero_()
+                model.most_open_graphs.zero_()
             got = call(accumulate_gradients, model, OnceLoader(micro), name="accumulate_gradients")
             expect(isinstance(got, (list, tuple)) and len(got) == len(want),
                    f"accumulate_gradients should return {len(want)} gradients (one per parameter).",
@@ -862,6 +885,11 @@ def check_accumulate_gradients(accumulate_gradients, hidden: bool = False) -> No
                     "do not hold them.",
                     "the optimizer's step reads p.grad: divide the summed gradients in place (p.grad.div_(total)) "
                     "and return copies of them.")
+                held = int(model.most_open_graphs)
+                expect(held <= 1, f"accumulate_gradients on {what} returned the right gradients, but it held the "
+                                  f"graphs of {held} micro-batches at once before calling backward.",
+                       "backward each micro-batch's loss before reading the next one: a graph keeps its "
+                       "activations alive, so holding them all costs the memory that accumulation exists to save.")
                 continue
             if attempt == 1:
                 hint = ("gradients from the previous call were still there: zero the gradients (model.zero_grad()) "

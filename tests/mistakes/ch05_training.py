@@ -129,6 +129,13 @@ MISTAKES = [
                 cell2="ex7_answer", old2="total += int((y != -100).sum())", new2="total += 1"),
     Mistake("accum_grads_not_zeroed", "ex7_answer", "    model.zero_grad(set_to_none=True)\n", "", BOTH[7],
             "zero the gradients"),
+    # All micro-batches' graphs held at once, one backward at the end: right gradients, no memory saved.
+    Mistake("accum_one_backward_for_all", "ex7_answer",
+            "        loss.backward()                                                   # adds into .grad\n"
+            "        total += int((y != -100).sum())\n    for p in model.parameters():",
+            "        held = loss if total == 0 else held + loss\n"
+            "        total += int((y != -100).sum())\n    held.backward()\n    for p in model.parameters():",
+            BOTH[7], "backward each micro-batch's loss before reading the next"),
     Mistake("accum_padding_counted", "ex7_answer", "total += int((y != -100).sum())",
             "total += y.numel()", BOTH[7], "padding targets (-100) do not count"),
     Mistake("accum_grad_left_summed", "ex7_answer",

@@ -14,3 +14,11 @@ a batch grader with a CSV export:
 """
 
 __version__ = "0.1.0"
+
+import sys as _sys
+
+# jsonschema (under nbformat) imports rfc3987_syntax when it is installed (an optional extra of
+# Jupyter's packages), which compiles some 40 grammars at import: 2.5 s in every process that
+# reads a notebook, for the IRI formats that no notebook schema checks. Marked missing, it is
+# skipped the way jsonschema skips any optional format checker.
+_sys.modules.setdefault("rfc3987_syntax", None)

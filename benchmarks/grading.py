@@ -97,7 +97,7 @@ def main() -> None:
         n = build_submissions(submissions, args.copies)
         modes: list[tuple[str, object]] = [("plain nbgrader (no sandbox)", lambda w: plain_nbgrader(submissions, w)),
                                            ("grade --workers 1", lambda w: course_grader(submissions, w, 1))]
-        for workers in args.workers:
+        for workers in [w for w in dict.fromkeys(args.workers) if w != 1]:      # workers 1 is always run
             modes.append((f"grade --workers {workers}", lambda w, k=workers: course_grader(submissions, w, k)))
         cluster = None
         if args.ray:

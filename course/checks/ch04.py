@@ -26,6 +26,7 @@ import torch.nn.functional as F
 
 from ._core import CheckFailed, call, earlier_answers, earlier_first, expect, expect_tensor, fail, forbid, generator
 from ._core import judge_prediction, one_thread as _one_thread, same as _same
+from .ch03 import _rope_complex
 from ._hidden import hidden_generator, hidden_rng, hidden_seed
 
 # ----------------------------------------------------------------------------- helpers
@@ -623,17 +624,9 @@ def _check_rms_norm(RMSNorm, hidden: bool, last_axis_only: bool = False) -> None
 
 
 def _rope_oracle(x: torch.Tensor, base: float, interleaved: bool = False) -> torch.Tensor:
-    """RoPE as complex multiplication: entries (j, j + D/2) (or (2j, 2j + 1)) are one complex number."""
-    T, D = x.shape[-2], x.shape[-1]
-    real = torch.float64 if x.dtype == torch.float64 else torch.float32
-    theta = base ** (-torch.arange(0, D, 2, dtype=real) / D)
-    angles = torch.outer(torch.arange(T, dtype=real), theta)                    # (T, D/2)
-    rot = torch.polar(torch.ones_like(angles), angles)
-    if interleaved:
-        z = torch.view_as_complex(x.to(real).reshape(*x.shape[:-1], D // 2, 2).contiguous()) * rot
-        return torch.view_as_real(z).reshape(x.shape).to(x.dtype)
-    z = torch.complex(x[..., :D // 2].to(real), x[..., D // 2:].to(real)) * rot
-    return torch.cat([z.real, z.imag], dim=-1).to(x.dtype)
+    """RoPE at positions 0 .. T-1 as complex multiplication (chapter 3's oracle), in x's dtype."""
+    positions = torch.arange(x.shape[-2])
+    return _rope_complex(x, positions, base, "interleaved" if interleaved else "half").to(x.dtype)
 
 
 def _decoder_oracle(x: torch.Tensor, p: dict, H: int, H_kv: int, pre: bool, base: float, *, rope: str = "half",

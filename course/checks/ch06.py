@@ -319,9 +319,12 @@ def _check_sample_next_token(sample_next_token, process_logits, hidden: bool) ->
 
 
 def _rope64(x: torch.Tensor, positions: torch.Tensor, base: float) -> torch.Tensor:
+    """Half-split RoPE of x (B, H, T, d) in float64 at positions (T,), or (B, T): one row per sequence."""
     d = x.shape[-1]
     freqs = base ** (-torch.arange(0, d, 2, dtype=torch.float64) / d)
-    angles = positions.double()[:, None] * freqs
+    angles = positions.double()[..., None] * freqs                             # (T, d/2) or (B, T, d/2)
+    if positions.dim() == 2:
+        angles = angles[:, None]                                               # (B, 1, T, d/2): every head
     angles = torch.cat((angles, angles), dim=-1)
     x1, x2 = x.chunk(2, dim=-1)
     return x * angles.cos() + torch.cat((-x2, x1), dim=-1) * angles.sin()
@@ -480,15 +483,7 @@ def _attend_padded64(x, weights, n_heads, n_kv_heads, base, positions, key_mask,
     q = (x @ wq.T).view(B, T, n_heads, dh).transpose(1, 2)
     k = (x @ wk.T).view(B, T, n_kv_heads, dh).transpose(1, 2)
     v = (x @ wv.T).view(B, T, n_kv_heads, dh).transpose(1, 2)
-    freqs = base ** (-torch.arange(0, dh, 2, dtype=torch.float64) / dh)
-    angles = positions.double()[:, None, :, None] * freqs                    # (B, 1, T, dh/2)
-    angles = torch.cat((angles, angles), dim=-1)
-
-    def rope(t):
-        t1, t2 = t.chunk(2, dim=-1)
-        return t * angles.cos() + torch.cat((-t2, t1), dim=-1) * angles.sin()
-
-    q, k = rope(q), rope(k)
+    q, k = _rope64(q, positions, base), _rope64(k, positions, base)
     if k_past is not None:
         k, v = torch.cat((k_past.double(), k), 2), torch.cat((v_past.double(), v), 2)
     group = n_heads // n_kv_heads

@@ -243,6 +243,12 @@ def same(a: torch.Tensor, b: torch.Tensor, atol: float = 1e-5, rtol: float = 1e-
             torch.allclose(a.to(torch.float64), b.to(torch.float64), atol=atol, rtol=rtol, equal_nan=True))
 
 
+def meta_table(rows: int, dim: int) -> torch.nn.Embedding:
+    """An embedding table of shape (rows, dim) on the meta device (shapes only), left
+    uninitialised: initialising one there imports TorchDynamo (2 s), a cost paid per grader."""
+    return torch.nn.Embedding(rows, dim, _weight=torch.empty(rows, dim, device="meta"))
+
+
 def generator(seed: int) -> torch.Generator:
     return torch.Generator().manual_seed(seed)
 

@@ -16,7 +16,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ._core import (CheckFailed, call, earlier_answers, earlier_first, expect, expect_close, expect_tensor, fail,
+from ._core import (CheckFailed, call, meta_table, earlier_answers, earlier_first, expect, expect_close, expect_tensor, fail,
                     forbid, generator, own_fault)
 from ._hidden import hidden_generator, hidden_rng, hidden_seed
 
@@ -599,15 +599,19 @@ def _check_tied_lm(TiedLanguageModel, hidden: bool) -> None:
 # ----------------------------------------------------------------------------- exercise 7
 
 def _gpt2_oracle(vocab_size: int, n_positions: int, d_model: int, n_layers: int, tied: bool) -> int:
-    """Build the GPT-2 layout on the meta device (no memory) and count what nn.Module counts."""
-    with torch.device("meta"):
-        parts = nn.ModuleList([nn.Embedding(vocab_size, d_model), nn.Embedding(n_positions, d_model)])
-        for _ in range(n_layers):
-            parts.extend([nn.LayerNorm(d_model), nn.Linear(d_model, 3 * d_model), nn.Linear(d_model, d_model),
-                          nn.LayerNorm(d_model), nn.Linear(d_model, 4 * d_model), nn.Linear(4 * d_model, d_model)])
-        parts.append(nn.LayerNorm(d_model))
-        if not tied:
-            parts.append(nn.Linear(d_model, vocab_size, bias=False))
+    """Build the GPT-2 layout on the meta device (no memory) and count what nn.Module counts.
+
+    ``device=`` on each layer, not ``with torch.device("meta")``, and tables given their
+    (empty) weight: initialising an embedding on the meta device imports TorchDynamo (2 s)."""
+    meta = {"device": "meta"}
+    d = d_model
+    parts = nn.ModuleList([meta_table(vocab_size, d), meta_table(n_positions, d)])
+    for _ in range(n_layers):
+        parts.extend([nn.LayerNorm(d, **meta), nn.Linear(d, 3 * d, **meta), nn.Linear(d, d, **meta),
+                      nn.LayerNorm(d, **meta), nn.Linear(d, 4 * d, **meta), nn.Linear(4 * d, d, **meta)])
+    parts.append(nn.LayerNorm(d, **meta))
+    if not tied:
+        parts.append(nn.Linear(d, vocab_size, bias=False, **meta))
     return sum(p.numel() for p in parts.parameters())
 
 

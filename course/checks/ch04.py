@@ -25,7 +25,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ._core import CheckFailed, call, earlier_answers, earlier_first, expect, expect_tensor, fail, forbid, generator
-from ._core import judge_prediction, one_thread as _one_thread, same as _same
+from ._core import judge_prediction, meta_table, one_thread as _one_thread, same as _same
 from .ch03 import _rope_complex
 from ._hidden import hidden_generator, hidden_rng, hidden_seed
 
@@ -799,25 +799,27 @@ def _check_decoder_block(DecoderBlock, hidden: bool) -> None:
 
 def _count_oracle(V: int, d: int, L: int, H: int, H_kv: int, h: int, gated: bool, bias: bool, norm: str,
                   tied: bool) -> int:
-    """Build the model from nn modules on the meta device (shapes only) and count its parameters."""
+    """Build the model from nn modules on the meta device (shapes only) and count its parameters
+    (``device=`` on each layer and the table given its empty weight: initialising an embedding
+    on the meta device imports TorchDynamo, 2 s)."""
     dh = d // H
+    m = {"device": "meta"}
     Norm = nn.RMSNorm if norm == "rms" else nn.LayerNorm
-    with torch.device("meta"):
-        model = nn.ModuleDict({"embed": nn.Embedding(V, d), "norm": Norm(d)})
-        blocks = nn.ModuleList()
-        for _ in range(L):
-            ffn = ([nn.Linear(d, h, bias=bias), nn.Linear(d, h, bias=bias)] if gated else
-                   [nn.Linear(d, h, bias=bias)]) + [nn.Linear(h, d, bias=bias)]
-            blocks.append(nn.ModuleList([nn.Linear(d, H * dh, bias=bias), nn.Linear(d, H_kv * dh, bias=bias),
-                                         nn.Linear(d, H_kv * dh, bias=bias), nn.Linear(H * dh, d, bias=bias),
-                                         *ffn, Norm(d), Norm(d)]))
-            if L > 2:   # every block has the same size: count one, multiply
-                break
-        model["blocks"] = blocks
-        head = nn.Linear(d, V, bias=False)
-        if tied:
-            head.weight = model["embed"].weight
-        model["head"] = head
+    model = nn.ModuleDict({"embed": meta_table(V, d), "norm": Norm(d, **m)})
+    blocks = nn.ModuleList()
+    for _ in range(L):
+        ffn = ([nn.Linear(d, h, bias=bias, **m), nn.Linear(d, h, bias=bias, **m)] if gated else
+               [nn.Linear(d, h, bias=bias, **m)]) + [nn.Linear(h, d, bias=bias, **m)]
+        blocks.append(nn.ModuleList([nn.Linear(d, H * dh, bias=bias, **m), nn.Linear(d, H_kv * dh, bias=bias, **m),
+                                     nn.Linear(d, H_kv * dh, bias=bias, **m), nn.Linear(H * dh, d, bias=bias, **m),
+                                     *ffn, Norm(d, **m), Norm(d, **m)]))
+        if L > 2:   # every block has the same size: count one, multiply
+            break
+    model["blocks"] = blocks
+    head = nn.Linear(d, V, bias=False, **m)
+    if tied:
+        head.weight = model["embed"].weight
+    model["head"] = head
     one_block = sum(p.numel() for p in blocks[0].parameters()) if L else 0
     rest = sum(p.numel() for p in model.parameters()) - sum(p.numel() for p in blocks.parameters())
     return rest + L * one_block

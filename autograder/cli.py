@@ -33,12 +33,15 @@ def main(argv: list[str] | None = None) -> int:
                             "with your rights); every row is noted")
     grade.add_argument("--memory", type=float, metavar="GIB",
                        help=f"memory limit of each submission's kernel (default: ${MEMORY_ENV} or 4)")
+    from .coursetree import THREADS_ENV
     from .workers import cores, default_workers
 
     grade.add_argument("--workers", type=int, metavar="N",
                        help=f"grade N submissions at once, each in its own sandbox and kernel, with the CPU "
                             f"cores shared out between them (default: one per core, fewer when N kernels' "
-                            f"--memory would not fit; here {default_workers(4.0)} of {cores()} cores at 4 GiB)")
+                            f"--memory would not fit; here {default_workers(4.0)} of {cores()} cores at 4 GiB); "
+                            f"${THREADS_ENV} sets the threads of each kernel instead (a machine shared with "
+                            f"other work)")
     grade.add_argument("--cluster", metavar="ADDRESS",
                        help="send each submission to the Ray cluster at ADDRESS (host:port of `ray start "
                             "--head`) as a task; every machine needs this repository at the same path "

@@ -8,6 +8,7 @@ is always what ``solutions/`` says now.
 from __future__ import annotations
 
 import logging
+import os
 import shutil
 import warnings
 from pathlib import Path
@@ -71,9 +72,22 @@ def nbgrader_config(root: Path, settings: GradingSettings) -> Config:
     return c
 
 
+THREADS_ENV = "COURSE_KERNEL_THREADS"    # CPU threads per kernel, when the default is not wanted
+
+
+def threads_from_environment() -> int | None:
+    """``$COURSE_KERNEL_THREADS`` as a number of threads, or None when unset or not a positive
+    number (for a machine shared with other work: several threads per kernel on too few
+    free cores wait on each other's barriers)."""
+    value = os.environ.get(THREADS_ENV, "").strip()
+    return int(value) if value.isdigit() and int(value) > 0 else None
+
+
 def thread_environment(threads: int | None) -> dict[str, str]:
-    """Environment variables that cap a kernel's (or the judge's) CPU threads; none for the
-    library defaults (one per core)."""
+    """Environment variables that cap a kernel's (or the judge's) CPU threads; with
+    ``threads`` None, ``$COURSE_KERNEL_THREADS`` or else none (the library defaults: one
+    per core)."""
+    threads = threads or threads_from_environment()
     if not threads:
         return {}
     return {name: str(threads) for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")}

@@ -63,7 +63,10 @@ def default_workers(memory_gb: float) -> int:
 
 
 def threads_per_worker(workers: int) -> int:
-    return max(1, cores() // max(1, workers))
+    """The cores shared out between the workers, or ``$COURSE_KERNEL_THREADS`` when set."""
+    from .coursetree import threads_from_environment
+
+    return threads_from_environment() or max(1, cores() // max(1, workers))
 
 
 def _start_worker(solutions_dir: Path, out: Path, settings, numbers, threads: int) -> None:

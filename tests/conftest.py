@@ -46,6 +46,9 @@ def pytest_collection_modifyitems(session, config, items):
             import torch
 
             torch.set_num_threads(1)
+            # ... and so does every process the tests start (graders, kernels, evaluations).
+            os.environ.update({name: "1" for name in ("COURSE_KERNEL_THREADS", "OMP_NUM_THREADS",
+                                                      "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")})
             # The build is the longest single job (one core for most of the run): ahead of the
             # rest, it ends with them instead of alone while a core idles (113 s measured). This
             # process and what it starts from now on (graders, their kernels) yield to it.

@@ -59,3 +59,18 @@ def test_strip_hidden_region_keeps_visible_lines():
     stripped, found = strip_hidden_region(source)
     assert found and "secret" not in stripped and "check(a)" in stripped and "after()" in stripped
     assert strip_hidden_region("plain()") == ("plain()", False)
+
+
+def test_kernel_threads_follow_the_environment_when_set(monkeypatch):
+    from autograder.coursetree import THREADS_ENV, thread_environment
+    from autograder.workers import cores, threads_per_worker
+
+    monkeypatch.delenv(THREADS_ENV, raising=False)
+    assert thread_environment(None) == {} and threads_per_worker(1) == cores()
+    assert thread_environment(3)["OMP_NUM_THREADS"] == "3"
+    monkeypatch.setenv(THREADS_ENV, "1")
+    assert thread_environment(None) == {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}
+    assert threads_per_worker(1) == 1
+    for bad in ("0", "two", "-1", ""):
+        monkeypatch.setenv(THREADS_ENV, bad)
+        assert thread_environment(None) == {} and threads_per_worker(1) == cores()

@@ -53,7 +53,8 @@ def main() -> int:
     parser.add_argument("--variants", nargs="+", default=["reference", "nanogpt-size"],
                         help="models to train besides nothing else: reference, nanogpt-size (LM), torch-baseline (LM), "
                              "no-positions, no-causal-mask (LM), post-ln-no-final-norm (LM), bigram (LM), "
-                             "causal-encoder (cls); a variant that does not apply to a task is skipped. "
+                             "causal-encoder (cls), g2p-transfer (cls: started from a G2P encoder trained first); a variant "
+                             "that does not apply to a task is skipped. "
                              "Default: reference nanogpt-size")
     parser.add_argument("--variant-seeds", type=int, nargs="+", default=None,
                         help="seeds for the variants other than the reference (default: the first of --seeds)")

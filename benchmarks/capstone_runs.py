@@ -9,7 +9,12 @@ Besides the reference solution (``variant="reference"``), a run can train:
   sees the future), ``post-ln-no-final-norm`` (``x = LN(x + f(x))`` blocks and no final
   LayerNorm) and ``bigram`` (no transformer at all: the counts of each character's successor,
   with add-one smoothing, not trained);
-- for the classifier, ``no-positions`` and ``causal-encoder`` (blocks left causal).
+- for the classifier, ``no-positions`` and ``causal-encoder`` (blocks left causal), and
+  ``g2p-transfer``: the reference classifier started from a G2P model trained first with the
+  same seed (the notebook trains one just before): its letter table, the first ``max_len``
+  rows of its position table, its encoder blocks and their final LayerNorm, then fine-tuned
+  at half the profile's learning rate. The G2P training is timed apart (``g2p training,
+  not counted``): a notebook has spent it already.
 """
 
 from __future__ import annotations
@@ -29,7 +34,7 @@ from course.checks.ch07 import classifier_predictions, g2p_predictions
 
 LM_VARIANTS = ("reference", "nanogpt-size", "torch-baseline", "no-positions", "no-causal-mask",
                "post-ln-no-final-norm", "bigram")
-CLS_VARIANTS = ("reference", "no-positions", "causal-encoder")
+CLS_VARIANTS = ("reference", "no-positions", "causal-encoder", "g2p-transfer")
 #: nanoGPT's CPU recipe for character-level Shakespeare (its README), at the profile's learning rate
 NANOGPT_SIZE = dict(n_layers=4, n_heads=4, d_model=128, block_size=64, batch_size=12, steps=2000,
                     warmup_steps=200, dropout=0.0)
@@ -83,9 +88,24 @@ def build_variant(ns: dict, task: str, variant: str, cfg, *sizes) -> nn.Module:
         for block in model.blocks:
             block.forward = types.MethodType(_post_ln_forward, block)
         model.ln_f = nn.Identity()
-    elif variant not in ("reference", "nanogpt-size"):
+    elif variant not in ("reference", "nanogpt-size", "g2p-transfer"):
         raise ValueError(f"no variant {variant!r} for task {task!r}")
     return model
+
+
+def start_from_g2p(classifier: nn.Module, g2p: nn.Module) -> nn.Module:
+    """Copy a trained G2P model's encoder into the reference classifier (same width, depth
+    and heads): the letter table, the first rows of the position table, the blocks and the
+    encoder's final LayerNorm; the classifier's head stays as initialised."""
+    if len(classifier.blocks) != len(g2p.encoder) or classifier.tok.weight.shape != g2p.src_tok.weight.shape:
+        raise ValueError("the classifier and the G2P encoder differ in size: no transfer")
+    with torch.no_grad():
+        classifier.tok.weight.copy_(g2p.src_tok.weight)
+        classifier.pos.weight.copy_(g2p.pos.weight[:classifier.pos.num_embeddings])
+        for mine, theirs in zip(classifier.blocks, g2p.encoder):
+            mine.load_state_dict(theirs.state_dict())
+        classifier.ln_f.load_state_dict(g2p.ln_enc.state_dict())
+    return classifier
 
 
 def _timed(phases: dict, name: str, fn):
@@ -126,7 +146,14 @@ def run_task(ns: dict, task: str, variant: str, seed: int, device: torch.device,
     else:
         cfg = profile.cls
         x_all, y_all = data.classifier_tensors("train", cfg.max_len)
+        g2p_phases = {}
+        if variant == "g2p-transfer":
+            g2p = _timed(g2p_phases, "g2p training, not counted", lambda: _trained_g2p(ns, seed, device))
+            cfg = replace(cfg, lr=cfg.lr / 2, min_lr=cfg.min_lr / 2)
+            torch.manual_seed(seed)
         model = build_variant(ns, task, variant, cfg, len(data.SRC_VOCAB), len(data.PATTERNS))
+        if variant == "g2p-transfer":
+            start_from_g2p(model, g2p)
         items = cfg.batch_size
 
         def get(step):
@@ -145,6 +172,8 @@ def run_task(ns: dict, task: str, variant: str, seed: int, device: torch.device,
 
     curve = _timed(phases, "train", fit)
     seconds = phases["train"]
+    if task == "cls":
+        phases.update(g2p_phases)
     result = {"task": task, "variant": variant, "seed": seed, "steps": cfg.steps, "seconds": seconds,
               "items_per_s": items * cfg.steps / seconds, "curve": curve[:: max(1, len(curve) // 300)],
               "extras": {}, "phases": phases}
@@ -186,6 +215,22 @@ def run_task(ns: dict, task: str, variant: str, seed: int, device: torch.device,
                 cfg.max_len, cfg.eval_words)))
             result["extras"].update(result["baselines"])
     return result
+
+
+def _trained_g2p(ns: dict, seed: int, device: torch.device) -> nn.Module:
+    """The reference G2P model of the profile, trained as :func:`run_task` trains it."""
+    profile = current_profile()
+    cfg, pairs = profile.g2p, data.g2p_pairs("train")
+    torch.manual_seed(seed)
+    rng = torch.Generator().manual_seed(1000 + seed)
+    model = ns["build_g2p"](cfg, len(data.SRC_VOCAB), len(data.TGT_VOCAB))
+
+    def loss_fn(m, src, tgt_in, tgt_out):
+        return F.cross_entropy(m(src, tgt_in).flatten(0, 1).float(), tgt_out.flatten(), ignore_index=data.PAD)
+
+    ns["train"](model, lambda s: data.g2p_batch(pairs, cfg.batch_size, rng), loss_fn, cfg.steps, cfg.lr, cfg.min_lr,
+                cfg.warmup_steps, device, use_bf16=profile.use_bf16, progress=False)
+    return model
 
 
 @lru_cache(maxsize=4)

@@ -21,7 +21,6 @@ fresh clone has no such cache; ``COURSE_BOOK_CACHE=0`` ignores it."""
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import shutil
 import signal
@@ -46,22 +45,6 @@ class BuiltBook:
         return self.folder
 
     def close(self) -> None:
-        pass
-
-
-#: The build is the suite's longest single job (one core for most of the run): ahead of the
-#: other tests, it ends with them instead of alone while a core idles (90-113 s measured). Linux
-#: shares the CPU between sessions (autogroups) before nice values count, and Jupyter starts every
-#: kernel in a session of its own (as the grader's sandbox does), so each page's kernel and the
-#: build itself raise their session's priority: possible as root (as in CI), skipped otherwise.
-AHEAD = "-10"
-
-
-def _ahead(autogroup: str) -> None:
-    try:
-        with open(autogroup, "w") as f:
-            f.write(AHEAD)
-    except OSError:          # not root, or no autogroups in this kernel: equal shares, as before
         pass
 
 
@@ -108,22 +91,7 @@ class BookBuild:
         self.log = open(self.folder / "build.log", "w+", encoding="utf-8")
         one_thread = {name: "1" for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")}
         self.process = subprocess.Popen(command, stdout=self.log, stderr=subprocess.STDOUT,
-                                        env={**os.environ, **one_thread, "JUPYTER_PATH": self._ahead_kernel()},
-                                        start_new_session=True)
-        _ahead(f"/proc/{self.process.pid}/autogroup")
-
-    def _ahead_kernel(self) -> str:
-        """A ``python3`` kernel spec for the pages that puts each page's kernel ahead of the
-        tests' processes (see :data:`AHEAD`), then starts IPython's kernel as usual."""
-        prelude = (f"import sys\nif sys.path[0] == '':\n    del sys.path[0]\n"    # as ipykernel_launcher
-                   f"try:\n    open('/proc/self/autogroup', 'w').write({AHEAD!r})\nexcept OSError:\n    pass\n"
-                   f"from ipykernel.kernelapp import launch_new_instance\nlaunch_new_instance()")
-        spec = {"argv": [sys.executable, "-c", prelude, "-f", "{connection_file}"], "display_name": "Python 3",
-                "language": "python", "metadata": {"debugger": True}}
-        folder = self.folder / "jupyter" / "kernels" / "python3"
-        folder.mkdir(parents=True)
-        (folder / "kernel.json").write_text(json.dumps(spec), encoding="utf-8")
-        return str(self.folder / "jupyter")
+                                        env={**os.environ, **one_thread}, start_new_session=True)
 
     def html(self, timeout: float = 2400) -> Path:
         """The built HTML folder; fails with the build's last output if the build failed."""

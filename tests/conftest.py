@@ -51,8 +51,7 @@ def pytest_collection_modifyitems(session, config, items):
                                                       "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")})
             # The build is the longest single job (one core for most of the run): ahead of the
             # rest, it ends with them instead of alone while a core idles (113 s measured). This
-            # process and what it starts from now on yield to it; where Linux shares the CPU by
-            # sessions first (autogroups), the build's sessions are raised too (book_build.AHEAD).
+            # process and what it starts from now on (graders, their kernels) yield to it.
             os.nice(BOOK_PRIORITY_GAP)
 
 

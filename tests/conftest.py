@@ -13,7 +13,6 @@ os.environ["COURSE_DEVICE"] = "cpu"
 
 
 _BOOK_BUILD = None     # started at collection when a selected test needs the book
-BOOK_PRIORITY_GAP = 5  # nice levels between the book's build and the other tests (weights 3:1)
 
 
 @pytest.fixture(scope="session")
@@ -49,10 +48,6 @@ def pytest_collection_modifyitems(session, config, items):
             # ... and so does every process the tests start (graders, kernels, evaluations).
             os.environ.update({name: "1" for name in ("COURSE_KERNEL_THREADS", "OMP_NUM_THREADS",
                                                       "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")})
-            # The build is the longest single job (one core for most of the run): ahead of the
-            # rest, it ends with them instead of alone while a core idles (113 s measured). This
-            # process and what it starts from now on (graders, their kernels) yield to it.
-            os.nice(BOOK_PRIORITY_GAP)
 
 
 def pytest_sessionfinish(session, exitstatus):

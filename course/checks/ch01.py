@@ -16,8 +16,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ._core import (CheckFailed, call, meta_table, earlier_answers, earlier_first, expect, expect_close, expect_tensor, fail,
-                    forbid, generator, own_fault)
+from ._core import (CheckFailed, call, earlier_answers, earlier_first, expect, expect_close, expect_tensor, fail,
+                    forbid, generator, meta_table, own_fault)
 from ._hidden import hidden_generator, hidden_rng, hidden_seed
 
 Pair = tuple[int, int]

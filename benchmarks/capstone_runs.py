@@ -108,6 +108,11 @@ def start_from_g2p(classifier: nn.Module, g2p: nn.Module) -> nn.Module:
     return classifier
 
 
+def g2p_loss(model: nn.Module, src, tgt_in, tgt_out) -> torch.Tensor:
+    """The notebook's G2P loss: cross-entropy over the target phonemes, PAD ignored."""
+    return F.cross_entropy(model(src, tgt_in).flatten(0, 1).float(), tgt_out.flatten(), ignore_index=data.PAD)
+
+
 def _timed(phases: dict, name: str, fn):
     start = time.perf_counter()
     out = fn()
@@ -139,10 +144,7 @@ def run_task(ns: dict, task: str, variant: str, seed: int, device: torch.device,
     elif task == "g2p":
         cfg, pairs = profile.g2p, data.g2p_pairs("train")
         model = build_variant(ns, task, variant, cfg, len(data.SRC_VOCAB), len(data.TGT_VOCAB))
-        items, get = cfg.batch_size, (lambda s: data.g2p_batch(pairs, cfg.batch_size, rng))
-
-        def loss_fn(m, src, tgt_in, tgt_out):
-            return F.cross_entropy(m(src, tgt_in).flatten(0, 1).float(), tgt_out.flatten(), ignore_index=data.PAD)
+        items, get, loss_fn = cfg.batch_size, (lambda s: data.g2p_batch(pairs, cfg.batch_size, rng)), g2p_loss
     else:
         cfg = profile.cls
         x_all, y_all = data.classifier_tensors("train", cfg.max_len)
@@ -224,11 +226,7 @@ def _trained_g2p(ns: dict, seed: int, device: torch.device) -> nn.Module:
     torch.manual_seed(seed)
     rng = torch.Generator().manual_seed(1000 + seed)
     model = ns["build_g2p"](cfg, len(data.SRC_VOCAB), len(data.TGT_VOCAB))
-
-    def loss_fn(m, src, tgt_in, tgt_out):
-        return F.cross_entropy(m(src, tgt_in).flatten(0, 1).float(), tgt_out.flatten(), ignore_index=data.PAD)
-
-    ns["train"](model, lambda s: data.g2p_batch(pairs, cfg.batch_size, rng), loss_fn, cfg.steps, cfg.lr, cfg.min_lr,
+    ns["train"](model, lambda s: data.g2p_batch(pairs, cfg.batch_size, rng), g2p_loss, cfg.steps, cfg.lr, cfg.min_lr,
                 cfg.warmup_steps, device, use_bf16=profile.use_bf16, progress=False)
     return model
 

@@ -24,6 +24,7 @@ from traitlets.config import Config
 from . import contract
 from .executor import CourseExecute
 from .preprocessors import HideHiddenTests, StderrIsNotFailure
+from .runlog import write_atomic
 from .sandbox import Limits, Sandbox, SandboxUnavailable, available, explain_unavailable, sandbox_uid
 from .settings import COURSE_ID, GradingSettings
 
@@ -132,7 +133,10 @@ class CourseTree:
         else:
             seed = secrets.randbelow(2**31)
         self.root.mkdir(parents=True, exist_ok=True)
-        path.write_text(f"{seed}\n")
+        # Parallel workers open the tree at once: an unchanged seed is not rewritten, and a
+        # new one replaces the file whole, so no worker ever reads it half-written.
+        if not path.is_file() or path.read_text().strip() != str(seed):
+            write_atomic(path, f"{seed}\n")
         return seed
 
     def new_sandbox(self) -> Sandbox:

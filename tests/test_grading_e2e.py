@@ -155,6 +155,7 @@ def test_mistake_loses_points_and_gets_its_hint(batch, assignment, mistake):
     rows, out = batch
     student = _student(assignment, mistake)
     row = rows[(student, assignment)]
+    assert row["status"] == "graded", row     # graded, not lost to the grader: its notes say why
     assert float(row["score"]) < float(row["max_score"]), row
     scores = cell_scores(out, student, assignment)
     for cell in mistake.failing:

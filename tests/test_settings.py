@@ -74,3 +74,24 @@ def test_kernel_threads_follow_the_environment_when_set(monkeypatch):
     for bad in ("0", "two", "-1", ""):
         monkeypatch.setenv(THREADS_ENV, bad)
         assert thread_environment(None) == {} and threads_per_worker(1) == cores()
+
+
+def test_the_grading_seed_file_is_never_seen_half_written(tmp_path):
+    """Parallel workers open the course tree at once: a worker that rewrote the seed file in
+    place (truncate, then write) let another read an empty file (CI saw the first submission
+    of a batch lose its row that way). An unchanged seed leaves the file alone; a new one
+    replaces it whole."""
+    import types
+
+    from autograder.coursetree import CourseTree
+
+    tree = types.SimpleNamespace(root=tmp_path, settings=types.SimpleNamespace(seed=None))
+    seed = CourseTree.grading_seed(tree)
+    path = tmp_path / "grading-seed"
+    before = path.stat()
+    assert CourseTree.grading_seed(tree) == seed
+    after = path.stat()
+    assert (after.st_ino, after.st_mtime_ns, after.st_size) == (before.st_ino, before.st_mtime_ns, before.st_size)
+    tree.settings.seed = seed + 1
+    assert CourseTree.grading_seed(tree) == seed + 1
+    assert path.stat().st_ino != before.st_ino and path.read_text() == f"{seed + 1}\n"

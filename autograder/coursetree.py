@@ -192,6 +192,13 @@ class CourseTree:
             with sqlite3.connect(path) as db:
                 db.execute("PRAGMA journal_mode=WAL")
 
+    def declared_seconds(self, assignment: str) -> int:
+        """The time limits an assignment's cells declare in this profile, added up: how long
+        grading it may take beyond the default per cell (0 for an unknown assignment)."""
+        limits = self.api.config.CourseExecute.get("release_limits", {})
+        return sum(seconds for notebook in (self.notebooks(assignment) if assignment in self.assignments() else [])
+                   for key, seconds in limits.items() if key.startswith(f"{notebook}/"))
+
     def _register_time_limits(self, assignment: str) -> None:
         """Per-cell limits come from the released notebook, which students cannot change."""
         limits = dict(self.api.config.CourseExecute.get("release_limits", {}))

@@ -87,3 +87,27 @@ def test_output_beyond_the_limit_is_dropped_with_a_note():
     nb, _ = _run([_cell("for i in range(400):\n    print('y' * 20000)", "flood")], timeout=30)
     text = "".join(o.get("text", "") for o in nb.cells[0].outputs)
     assert len(text) < (2 << 20) + 100_000 and "output stopped here" in text
+
+
+def test_workers_start_with_the_submissions_that_declare_the_most_time(tmp_path):
+    """The capstone's training cells declare minutes; started last, one capstone kept a worker
+    busy alone at the end of a batch (44 s of the end-to-end batch) while the other idled."""
+    import dataclasses
+
+    from autograder.coursetree import CourseTree
+    from autograder.grade import Found, Grader
+    from autograder.settings import GradingSettings
+
+    settings = dataclasses.replace(GradingSettings.from_env(profile="smoke"), unsandboxed=True)
+    tree = CourseTree(tmp_path / "course", ROOT / "solutions", settings)
+    tree.api.config.CourseExecute.release_limits = {
+        f"{a}/{gid}": sec for a in tree.assignments()
+        for gid, sec in contract.time_limits(contract.read(ROOT / "solutions" / a / f"{a}.ipynb"), "smoke").items()}
+    assert tree.declared_seconds("ch07_capstone") > 0 == tree.declared_seconds("ch01_embeddings")
+    assert tree.declared_seconds("no_such_assignment") == 0
+    grader = Grader(ROOT / "solutions", tmp_path / "out", settings)
+    grader.tree = tree
+    found = [Found(s, a) for s in ("ann", "bob") for a in ("ch01_embeddings", "ch07_capstone", "ch02_positions")]
+    order = [(f.student, f.assignment) for f in grader._longest_first(found)]
+    assert order == [("ann", "ch07_capstone"), ("bob", "ch07_capstone"), ("ann", "ch01_embeddings"),
+                     ("ann", "ch02_positions"), ("bob", "ch01_embeddings"), ("bob", "ch02_positions")]

@@ -29,7 +29,7 @@ from nbgrader.preprocessors import Execute
 from traitlets import Any as AnyTrait
 from traitlets import Bool, Dict, Integer, Unicode
 
-from . import contract
+from . import contract, kernel_messages
 from .contract import Role
 
 KERNEL_DIED = "KernelDied"
@@ -149,6 +149,7 @@ class CourseExecute(Execute):
         return km
 
     def preprocess(self, nb, resources=None, km=None):
+        kernel_messages.install()       # a missed wake-up must not hold a cell to its time limit
         self.death_reason = ""
         self._imports = contract.setup_imports(nb)
         try:

@@ -13,6 +13,8 @@ import sys
 import time
 import urllib.request
 
+import pytest
+
 from notebook_tools import ROOT
 
 LIVE = ROOT / "book" / "_ext" / "live.py"
@@ -70,3 +72,9 @@ def test_make_live_opens_a_book_page_as_a_notebook(tmp_path):
     finally:
         server.terminate()
         server.wait(timeout=30)
+    try:      # stopping `make live` stops JupyterLab: no server is left behind
+        urllib.request.urlopen(url, timeout=5).close()
+    except OSError:
+        pass
+    else:
+        pytest.fail("JupyterLab still answers after `make live` was stopped")

@@ -34,6 +34,9 @@ def main(argv: list[str]) -> int:
     command = [sys.executable, "-m", "jupyterlab", f"--ServerApp.root_dir={ROOT}", *extra, str(page)]
     print("Starting JupyterLab on", page, "(Ctrl-C twice to stop)")
     # the page's own cells read files relative to its folder, as when the book is built
+    if os.name == "posix":    # become JupyterLab: a signal to this process (Ctrl-C, terminate) reaches it
+        os.chdir(ROOT)
+        os.execve(sys.executable, command, env)
     return subprocess.call(command, env=env, cwd=ROOT)
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from book_browser import Browser, Server, chromium, html_pages
+from book_browser import Browser, chromium, html_pages, visit_all
 from notebook_tools import ROOT
 
 pytestmark = pytest.mark.slow
@@ -57,14 +57,7 @@ def reports(site):
     pages = html_pages(site)
     shots = _screenshot_pages(site, pages)
     by_page = {page: chapter for chapter, page in shots.items()}
-    server, browser = Server(site), Browser(executable)
-    try:
-        found = {page: browser.visit(server.url(page), server.origin,
-                                     OUTPUT / f"{by_page[page]}.png" if page in by_page else None)
-                 for page in pages}
-    finally:
-        browser.close()
-        server.close()
+    found = visit_all(site, pages, executable, {page: OUTPUT / f"{chapter}.png" for page, chapter in by_page.items()})
     summary = {
         "pages": len(found),
         "formulas_rendered": sum(r.formulas for r in found.values()),

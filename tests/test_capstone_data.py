@@ -133,3 +133,27 @@ def test_grading_rejects_a_language_model_that_sees_the_future():
     _check_trained_causal(Model(causal=True), ids, 16, torch.device("cpu"))
     with pytest.raises(CheckFailed, match="sees the future"):
         _check_trained_causal(Model(causal=False), ids, 16, torch.device("cpu"))
+
+
+def test_the_classifier_has_the_g2p_encoders_shape_wherever_it_starts_from_it():
+    """The notebook's locked cell copies the G2P encoder into the classifier (exercise 7) when
+    the profile says so: in every such profile, and in its dry run, the two have the same
+    width, depth and heads, the classifier no more positions than the G2P model's table, and
+    the reference load_encoder copies one profile's models into each other."""
+    from autograder.extract import solution_namespace
+    from course.capstone.profiles import dry_run
+    from course.checks.ch07 import S2S_MAX_LEN
+    from notebook_tools import ROOT
+
+    ns = solution_namespace(ROOT / "solutions" / "ch07_capstone" / "ch07_capstone.ipynb")
+    assert PROFILES["cpu"].cls.from_g2p and PROFILES["gpu"].cls.from_g2p
+    for profile in [*PROFILES.values(), *(dry_run(p) for p in PROFILES.values())]:
+        cls, g2p = profile.cls, profile.g2p
+        if not cls.from_g2p:
+            continue
+        assert (cls.d_model, cls.n_layers, cls.n_heads) == (g2p.d_model, g2p.n_layers, g2p.n_heads), profile.name
+        assert cls.max_len <= S2S_MAX_LEN, profile.name
+        with torch.device("meta"):        # shapes only
+            classifier = ns["build_classifier"](cls, len(data.SRC_VOCAB), len(data.PATTERNS))
+            model = ns["build_g2p"](g2p, len(data.SRC_VOCAB), len(data.TGT_VOCAB))
+            ns["load_encoder"](classifier, model)

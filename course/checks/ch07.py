@@ -25,7 +25,8 @@ from ..capstone.profiles import ClassifierConfig, LMConfig, Seq2SeqConfig, curre
 from ..capstone.weights import save_checkpoint
 from ..device import get_device
 from . import ch05, ch06
-from ._core import CheckFailed, call, expect, expect_close, expect_tensor, fail, forbid, generator, same
+from ._core import (CheckFailed, call, earlier_first, expect, expect_close, expect_tensor, fail, forbid,
+                    generator, own_fault, same)
 from ._hidden import hidden_generator, hidden_rng, hidden_seed
 
 CHECKPOINTS = Path("capstone_checkpoints")
@@ -943,20 +944,272 @@ def _check_pooling(build_classifier, vocab: int, n_classes: int, hidden: bool, r
         fail(f"with no blocks, changing the first of {n} words moved the logits by {float(both.abs().max()):.3g}, "
              f"expected 1/{n} of what it does alone ({float(alone.abs().max() / n):.3g}).", hint)
 
+# ----------------------------------------------------------------------------- exercise 7
+
+_ENCODER_PARTS = ("the letter table, the first max_len rows of the position table, each encoder block into the "
+                  "block at the same depth, and the encoder's final LayerNorm (the one encode applies last)")
+_SHARED = ("load_encoder must copy values: assigning a module or a parameter of the G2P model to the classifier "
+           "(classifier.blocks = g2p_model.encoder), or an nn.Parameter made from a slice of its table, shares "
+           "memory, so training the classifier would change the graded G2P model. Copy with load_state_dict, or "
+           "with weight.copy_(...) under torch.no_grad().")
+TRANSFER_TOLERANCE = 1e-3      # relative residual of the affine fit; float32 round-off gives about 1e-6
+
+
+def check_load_encoder(load_encoder, build_g2p, build_classifier, Block, hidden: bool = False) -> None:
+    """After load_encoder(classifier, g2p), the classifier's pooled vector is the masked mean of
+    g2p.encode(ids)[0]: its logits are an affine function of that mean, the same function (its
+    own head) for two G2P models with other random weights. The G2P model is left unchanged, shares
+    nothing with the classifier, and the head is not touched. A failure is blamed on exercise 4
+    or 6 when their own tests fail (load_encoder copies from the one into the other)."""
+    earlier = [("load_encoder copies from your Seq2Seq of exercise 4, which fails exercise 4's tests",
+                lambda: check_seq2seq(build_g2p, Block, hidden)),
+               ("load_encoder copies into your EncoderClassifier of exercise 6, which fails exercise 6's tests",
+                lambda: check_classifier(build_classifier, Block, hidden))]
+    with earlier_first(*earlier):
+        _check_load_encoder(load_encoder, build_g2p, build_classifier, hidden)
+
+
+def _transfer_case(hidden: bool) -> dict:
+    """Sizes for one test: width, depth, heads, the classifier's max_len, both vocabularies and
+    the number of classes, all different from each other where a tensor's shape must tell them
+    apart (the letter table from the phoneme table, the head from everything else)."""
+    if not hidden:
+        return dict(d=20, heads=4, layers=2, max_len=TINY_CLS.max_len, src=22, tgt=27, classes=9, extra=12)
+    rng = hidden_rng("capstone/load_encoder")
+    heads = rng.choice([1, 2, 4])
+    # the blocks' matrices are (k d, d) and (d, k d) for k = 1 to 4: none may look like a table
+    d = rng.choice([heads * k for k in (3, 4, 5, 6) if S2S_MAX_LEN not in (heads * k * m for m in range(1, 5))])
+    max_len = rng.choice([n for n in range(5, S2S_MAX_LEN - 3) if n not in (d, 2 * d, 3 * d, 4 * d)])
+    taken = {d, 2 * d, 3 * d, 4 * d, max_len, S2S_MAX_LEN}
+    src = rng.choice([v for v in range(8, 41) if v not in taken])
+    tgt = rng.choice([v for v in range(src + 1, src + 21) if v not in taken])
+    classes = rng.choice([c for c in range(2, 16) if c not in taken | {src, tgt}])
+    # at least two blocks: copying only the first must show
+    return dict(d=d, heads=heads, layers=rng.randrange(2, 4), max_len=max_len, src=src, tgt=tgt, classes=classes,
+                extra=rng.randrange(12, 25))
+
+
+def _buffers(model) -> set[str]:
+    return {name for name, _ in model.named_buffers()}
+
+
+def _random_state(state: dict, g: torch.Generator, buffers: set[str] = frozenset()) -> dict:
+    """Every floating tensor of a state but its buffers replaced by random values: matrices and
+    tables with standard deviation 1/sqrt(last dim), vectors (biases, LayerNorm weights) with 0.5."""
+    out = {}
+    for k, v in state.items():
+        if isinstance(v, torch.Tensor) and v.is_floating_point() and k not in buffers:
+            scale = v.shape[-1] ** -0.5 if v.dim() >= 2 else 0.5
+            out[k] = (torch.randn(tuple(v.shape), generator=g, dtype=torch.float64) * scale).to(v.dtype)
+        else:
+            out[k] = v
+    return out
+
+
+def _snapshot(model) -> dict:
+    """The model's state as copies (in-process, state_dict holds the live tensors)."""
+    return {k: v.detach().clone() if isinstance(v, torch.Tensor) else v for k, v in dict(model.state_dict()).items()}
+
+
+def _changed(before: dict, after: dict) -> list[str]:
+    return [k for k, v in before.items() if isinstance(v, torch.Tensor) and v.is_floating_point()
+            and not (k in after and tuple(after[k].shape) == tuple(v.shape) and torch.equal(after[k], v))]
+
+
+def _names(keys: list[str], limit: int = 4) -> str:
+    shown = ", ".join(keys[:limit])
+    return shown + (f" and {len(keys) - limit} more" if len(keys) > limit else "")
+
+
+def _pooled_memory(g2p, ids: torch.Tensor) -> torch.Tensor:
+    """The mean of g2p.encode(ids)[0] over the real (non-PAD) positions, in float64: (B, d)."""
+    with torch.no_grad():
+        memory = call(g2p.encode, ids, name="Seq2Seq.encode")[0]
+    real = (ids != data.PAD).double()[..., None]
+    return (memory.double() * real).sum(1) / real.sum(1)
+
+
+def _affine_residual(pooled: torch.Tensor, logits: torch.Tensor) -> float:
+    """How far logits (B, C) are from an affine function of pooled (B, d): the least-squares
+    residual relative to the logits' spread (0 for an exact fit)."""
+    x = torch.cat([pooled, torch.ones(len(pooled), 1, dtype=torch.float64)], dim=1)
+    y = logits.double()
+    residual = y - x @ torch.linalg.lstsq(x, y).solution
+    return float(residual.norm() / (y - y.mean(0)).norm().clamp_min(1e-12))
+
+
+def _transfer_run(load_encoder, g2p, classifier, g_state: dict, c_state: dict, ids: torch.Tensor,
+                  head: list[str]) -> dict:
+    """Load the two random states, call load_encoder, and check what cannot be an earlier
+    exercise's fault: the G2P model unchanged, the head untouched. Returns the states and the
+    classifier's logits."""
+    g2p.load_state_dict(g_state)
+    classifier.load_state_dict(c_state)
+    g_before, c_before = _snapshot(g2p), _snapshot(classifier)
+    try:
+        out = call(load_encoder, classifier, g2p, name="load_encoder")
+    except CheckFailed as err:
+        if "leaf Variable that requires grad" in str(err):
+            with own_fault():
+                fail(f"load_encoder raised an error: {_split(err)[0].splitlines()[0]}",
+                     "copying into a parameter with copy_ is an in-place change that autograd refuses: do it "
+                     "inside with torch.no_grad(): (load_state_dict does that for you).")
+        raise
+    g_after, c_after = _snapshot(g2p), _snapshot(classifier)
+    with own_fault():
+        moved = _changed(g_before, g_after)
+        expect(not moved, f"load_encoder changed the G2P model: {_names(moved)}.",
+               "copy from g2p_model into the classifier, never the other way: load_encoder(classifier, g2p_model) "
+               "writes only into the classifier, and the G2P model was graded already.")
+        touched = [k for k in head if k in _changed({k: c_before[k]}, c_after)]
+        expect(not touched, f"load_encoder changed the classifier's {_names(touched)}, whose shape holds the "
+               f"number of classes: its head.",
+               "leave the head as build_classifier made it: the G2P model has nothing to give it, so only the "
+               "encoder's parts are copied (" + _ENCODER_PARTS + ").")
+        unchanged = not _changed(c_before, c_after)
+        expect(not unchanged, "after load_encoder, every weight of the classifier still had the value it had "
+               "before" + (f" (load_encoder returned {out.__class__.__name__} instead)." if out is not None else "."),
+               "copy into the classifier that load_encoder receives, in place (it returns None; the training cell "
+               "ignores what it returns): " + _ENCODER_PARTS + ".")
+    with torch.no_grad():
+        logits = call(classifier, ids, name="EncoderClassifier.forward")
+    expect_tensor(logits, (ids.shape[0], logits.shape[-1]), "classifier logits")
+    return dict(g=g_after, c_before=c_before, c=c_after, logits=logits.double(), pooled=_pooled_memory(g2p, ids))
+
+
+def _check_load_encoder(load_encoder, build_g2p, build_classifier, hidden: bool) -> None:
+    case = _transfer_case(hidden)
+    d, max_len, src_vocab, tgt_vocab, n_classes = case["d"], case["max_len"], case["src"], case["tgt"], case["classes"]
+    torch.manual_seed(121 if not hidden else hidden_seed("load_encoder/init"))
+    g2p = call(build_g2p, dataclasses.replace(TINY_S2S, d_model=d, n_layers=case["layers"], n_heads=case["heads"]),
+               src_vocab, tgt_vocab, name="build_g2p").eval()
+    cls_cfg = dataclasses.replace(TINY_CLS, d_model=d, n_layers=case["layers"], n_heads=case["heads"], max_len=max_len)
+    classifier = call(build_classifier, cls_cfg, src_vocab, n_classes, name="build_classifier").eval()
+    g = generator(122) if not hidden else hidden_generator("capstone/load_encoder")
+    B = d + 1 + case["extra"]               # more words than unknowns of the affine fit per class
+    lengths = torch.randint(1, max_len + 1, (B,), generator=g)
+    lengths[0] = max_len                    # every position is used
+    ids = torch.randint(3, src_vocab, (B, max_len), generator=g)
+    ids[torch.arange(max_len)[None, :] >= lengths[:, None]] = data.PAD
+    g_shape, c_shape = _snapshot(g2p), _snapshot(classifier)
+    g_buffers, c_buffers = _buffers(g2p), _buffers(classifier)
+    head = [k for k, v in c_shape.items() if isinstance(v, torch.Tensor) and n_classes in tuple(v.shape)]
+    c_state = _random_state(c_shape, g, c_buffers)
+    first = _transfer_run(load_encoder, g2p, classifier, _random_state(g_shape, g, g_buffers), c_state, ids, head)
+    # No sharing: new values in every weight of the classifier leave the G2P model as it was.
+    classifier.load_state_dict(_random_state(c_shape, g, c_buffers))
+    with own_fault():
+        moved = _changed(first["g"], _snapshot(g2p))
+        expect(not moved, f"after load_encoder, changing the classifier's weights changed the G2P model's "
+               f"{_names(moved)}: the two models share tensors.", _SHARED)
+    second = _transfer_run(load_encoder, g2p, classifier, _random_state(g_shape, g, g_buffers), c_state, ids, head)
+    own = [_affine_residual(run["pooled"], run["logits"]) for run in (first, second)]
+    both = _affine_residual(torch.cat([first["pooled"], second["pooled"]]),
+                            torch.cat([first["logits"], second["logits"]]))
+    if max(own) <= TRANSFER_TOLERANCE and both <= TRANSFER_TOLERANCE:
+        return
+    _diagnose_transfer(first, g2p, ids, dict(case, head=head, buffers=c_buffers))
+    where = f"{B} words of up to {max_len} letters, d_model {d}, {case['layers']} block(s)"
+    if max(own) > TRANSFER_TOLERANCE:
+        fail(f"after load_encoder, the classifier's logits are not an affine function of the mean of "
+             f"g2p_model.encode(ids)[0] over the real letters ({where}; relative residual {max(own):.2g}): "
+             f"its encoder does not compute what the G2P encoder computes.",
+             "copy " + _ENCODER_PARTS + "; the classifier must add the same positions to the same letters and run "
+             "the same blocks in the same order.")
+    fail(f"after load_encoder, the classifier's logits are an affine function of the G2P encoder's pooled states "
+         f"for each of two G2P models, but not the same function ({where}; relative residual {both:.2g}): the "
+         f"classifier's final LayerNorm does not hold the G2P encoder's final norm.",
+         "copy the encoder's final LayerNorm (the one encode applies to the blocks' output before returning it), "
+         "not the decoder's or a block's, into the classifier's final LayerNorm.")
+
+
+def _equal(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return tuple(a.shape) == tuple(b.shape) and torch.equal(a, b)
+
+
+def _diagnose_transfer(run: dict, g2p, ids: torch.Tensor, case: dict) -> None:
+    """Called when the classifier does not compute what the G2P encoder computes: name what
+    load_encoder copied wrongly, from the values it wrote (the classifier's tensors are told
+    apart by shape: the tests choose sizes that differ)."""
+    d, max_len, G, before, after = case["d"], case["max_len"], run["g"], run["c_before"], run["c"]
+
+    def keys(state, shape):
+        return [k for k, v in state.items() if isinstance(v, torch.Tensor) and tuple(v.shape) == shape]
+
+    positions, g_positions = keys(after, (max_len, d)), keys(G, (S2S_MAX_LEN, d))
+    for k in positions:
+        if _equal(after[k], before[k]):
+            fail(f"load_encoder left the classifier's position table {k} as build_classifier made it.",
+                 "copy the first max_len rows of the G2P model's position table: pos.weight[:max_len].")
+        if any(_equal(after[k], G[j][-max_len:]) for j in g_positions) and \
+                not any(_equal(after[k], G[j][:max_len]) for j in g_positions):
+            fail(f"the classifier's position table {k} holds the last {max_len} rows of the G2P model's {S2S_MAX_LEN}.",
+                 "a word's first letter sits at position 0 in both models: copy the first max_len rows, "
+                 "pos.weight[:max_len], not the last ones.")
+    letters, phonemes = keys(after, (case["src"], d)), keys(G, (case["tgt"], d))
+    for k in letters:
+        if _equal(after[k], before[k]):
+            fail(f"load_encoder left the classifier's letter table {k} as build_classifier made it.",
+                 "copy the G2P model's letter table (the embedding encode looks the source letters up in).")
+        if any(_equal(after[k], G[j][:case["src"]]) for j in phonemes):
+            fail(f"the classifier's letter table {k} holds the first rows of the G2P model's phoneme table "
+                 f"({_names(phonemes)}).",
+                 "copy the encoder's letter table (the embedding encode looks the source letters up in), not the "
+                 "decoder's phoneme table: the classifier reads letters.")
+    rest = [k for k in after if k not in positions + letters + case["head"] and k not in case["buffers"]
+            and isinstance(after[k], torch.Tensor) and after[k].is_floating_point()]
+    kept = [k for k in rest if _equal(after[k], before[k])]
+    if any(after[k].dim() >= 2 for k in kept):
+        fail(f"load_encoder left {_names(kept)} of the classifier as build_classifier made them.",
+             "copy every encoder block of the G2P model into the classifier's block at the same depth "
+             "(all cfg.n_layers of them), not only the tables.")
+    if len(kept) == 2:                      # a LayerNorm's weight and bias
+        fail(f"load_encoder left {_names(kept)} of the classifier as build_classifier made them.",
+             "the final LayerNorm was not copied: copy the encoder's final LayerNorm (the one encode applies "
+             "last) into the classifier's final LayerNorm.")
+    if kept:
+        fail(f"load_encoder left {_names(kept)} of the classifier as build_classifier made them.",
+             "copy each encoder block whole, its LayerNorms and biases too (block.load_state_dict copies them "
+             "all), and the encoder's final LayerNorm.")
+    # Values taken from parts of the G2P model that encode does not use (its decoder).
+    sources = {}
+    for k in rest:
+        found = [j for j, v in G.items() if isinstance(v, torch.Tensor) and _equal(after[k], v)]
+        if found:
+            sources[k] = found
+    unused = []
+    try:
+        g2p.load_state_dict(G)              # the G2P model of this run (the second run loaded another)
+        with torch.no_grad():
+            memory = call(g2p.encode, ids, name="Seq2Seq.encode")[0]
+        for k, found in sources.items():
+            moved = {j: (v + 1.0 if j in found else v) for j, v in G.items()}
+            g2p.load_state_dict(moved)
+            with torch.no_grad():
+                if same(g2p.encode(ids)[0], memory, atol=0, rtol=0):
+                    unused.append((k, found[0]))
+    finally:
+        g2p.load_state_dict(G)
+    if unused:
+        fail(f"load_encoder copied parts of the G2P model that encode never uses into the classifier: "
+             + "; ".join(f"{j} into {k}" for k, j in unused[:4]) + (" ..." if len(unused) > 4 else "") + ".",
+             "those are the decoder's: copy the encoder's blocks (the ones encode runs) and the encoder's final "
+             "LayerNorm, not the decoder's.")
+
 # ----------------------------------------------------------------------------- grading the trained models
 
-def _result(name: str, value: float, limit: float, better: str, baseline: str) -> None:
+def _result(name: str, value: float, limit: float, better: str, baseline: str, also: str = "") -> None:
     ok = value <= limit if better == "lower" else value >= limit
     print(f"{name}: {value:.4f} (needs {'<=' if better == 'lower' else '>='} {limit}; {baseline})")
     expect(ok, f"{name} {value:.4f} misses the threshold {limit} of the {current_profile().name} profile.",
            "check the unit tests above first; then the training loss curve: it should fall steadily. "
            "A flat curve points at the learning rate or the optimizer; a curve that falls while the held-out "
-           "metric stays poor points at a mismatch between training and evaluation (masks, shifting).")
+           "metric stays poor points at a mismatch between training and evaluation (masks, shifting)." + also)
 
 
-def _trained(model, exercises: str):
+def _trained(model, exercises: str, then: str = ""):
     if model is None:
-        raise NotImplementedError(f"nothing was trained: finish exercises {exercises} first.")
+        raise NotImplementedError(f"nothing was trained: finish exercises {exercises} first.{then}")
     return model
 
 
@@ -1037,7 +1290,7 @@ def classifier_predictions(model, ids: torch.Tensor, device) -> torch.Tensor:
 
 
 def grade_classifier(model) -> None:
-    model = _trained(model, "0-2 and 6")
+    model = _trained(model, "0-2 and 6", " Exercises 4 and 7 then give it the G2P encoder to start from.")
     profile, device = current_profile(), get_device()
     cfg = profile.cls
     ids, labels = data.classifier_eval_tensors(cfg.max_len, cfg.eval_words)
@@ -1050,5 +1303,7 @@ def grade_classifier(model) -> None:
     print("confusion matrix (rows: true pattern, columns: predicted):", " ".join(data.PATTERNS))
     print(metrics.confusion_matrix(predicted, labels, len(data.PATTERNS)))
     print(f"saved {save_checkpoint(model, 'cls', profile.name, CHECKPOINTS / 'cls.pt', dry_run=profile.dry_run)}")
+    start = (" In this profile the classifier starts from your G2P model's encoder (exercise 7; the training cell "
+             "said whether it did): trained from scratch, it most likely stays below the mark.") if cfg.from_g2p else ""
     _result(f"stress-pattern accuracy on {len(labels):,} held-out words", acc, profile.thresholds.cls_min_accuracy,
-            "higher", f"majority class {majority:.3f}; syllable rules with a suffix table {rules:.3f}")
+            "higher", f"majority class {majority:.3f}; syllable rules with a suffix table {rules:.3f}", start)

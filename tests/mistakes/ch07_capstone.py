@@ -50,6 +50,12 @@ class DecoderLM(nn.Module):
         for block in self.blocks:
             x = block(x)
         return '''
+EX7 = ("ex7_visible", "ex7_hidden")
+_BLOCKS = """    for mine, theirs in zip(classifier.blocks, g2p_model.encoder, strict=True):
+        mine.load_state_dict(theirs.state_dict())
+"""
+_POSITIONS = "        classifier.pos.weight.copy_(g2p_model.pos.weight[:classifier.pos.num_embeddings])\n"
+_NORM = "    classifier.ln_f.load_state_dict(g2p_model.ln_enc.state_dict())\n"
 _CLIP = """        for p, g in zip(with_grad, clipped):
             p.grad = g
 """
@@ -170,4 +176,41 @@ MISTAKES = [
             "must not be causal"),
     Mistake("classifier_no_final_ln", "ex6_answer", "x = self.ln_f(x) * real[..., None]", "x = x * real[..., None]",
             ("ex6_visible", "ex6_hidden"), "apply the final LayerNorm"),
+    # ---- exercise 7: each wrong copy trains without an error; the classifier then starts from
+    # something other than the G2P encoder
+    Mistake("transfer_shares_blocks", "ex7_answer", _BLOCKS, "    classifier.blocks = g2p_model.encoder\n", EX7,
+            "shares memory"),
+    Mistake("transfer_positions_as_view", "ex7_answer", _POSITIONS,
+            "        classifier.pos.weight = nn.Parameter(g2p_model.pos.weight[:classifier.pos.num_embeddings])\n",
+            EX7, "shares memory"),
+    Mistake("transfer_decoder_norm", "ex7_answer", "g2p_model.ln_enc.state_dict()", "g2p_model.ln_dec.state_dict()",
+            EX7, "those are the decoder's"),
+    Mistake("transfer_last_positions", "ex7_answer", "g2p_model.pos.weight[:classifier.pos.num_embeddings]",
+            "g2p_model.pos.weight[-classifier.pos.num_embeddings:]", EX7, "not the last ones"),
+    Mistake("transfer_phoneme_table", "ex7_answer", "classifier.tok.weight.copy_(g2p_model.src_tok.weight)",
+            "classifier.tok.weight.copy_(g2p_model.tgt_tok.weight[:classifier.tok.num_embeddings])", EX7,
+            "not the decoder's phoneme table"),
+    Mistake("transfer_no_final_norm", "ex7_answer", _NORM, "", EX7, "the final LayerNorm was not copied"),
+    Mistake("transfer_first_block_only", "ex7_answer", _BLOCKS,
+            "    classifier.blocks[0].load_state_dict(g2p_model.encoder[0].state_dict())\n", EX7,
+            "copy every encoder block"),
+    Mistake("transfer_tables_only", "ex7_answer", _BLOCKS, "", EX7, "copy every encoder block"),
+    Mistake("transfer_decoder_blocks", "ex7_answer", _BLOCKS,
+            "    for mine, theirs in zip(classifier.blocks, g2p_model.decoder, strict=True):\n"
+            "        mine.load_state_dict(theirs.state_dict(), strict=False)\n", EX7, "those are the decoder's"),
+    Mistake("transfer_resets_head", "ex7_answer", _NORM, _NORM + "    classifier.head.reset_parameters()\n", EX7,
+            "leave the head as build_classifier made it"),
+    Mistake("transfer_copies_into_g2p", "ex7_answer", _NORM,
+            "    g2p_model.ln_enc.load_state_dict(classifier.ln_f.state_dict())\n", EX7, "never the other way"),
+    Mistake("transfer_copy_with_grad", "ex7_answer",
+            "    with torch.no_grad():\n"
+            "        classifier.tok.weight.copy_(g2p_model.src_tok.weight)\n" + _POSITIONS,
+            "    classifier.tok.weight.copy_(g2p_model.src_tok.weight)\n" + _POSITIONS[4:], EX7,
+            "inside with torch.no_grad()"),
+    # load_encoder is right; the models it copies between are not
+    Mistake("transfer_blames_seq2seq", "ex4_answer", "return self.ln_enc(x), mask", "return x, mask", EX7,
+            "load_encoder copies from your Seq2Seq of exercise 4"),
+    Mistake("transfer_blames_classifier", "ex6_answer",
+            "return self.head(x.sum(1) / real.sum(1, keepdim=True).clamp(min=1))",
+            "return self.head(x.mean(1))", EX7, "load_encoder copies into your EncoderClassifier of exercise 6"),
 ]

@@ -4,9 +4,13 @@ The profile comes from the environment variable ``COURSE_PROFILE`` (``smoke``, `
 ``gpu``; default ``cpu``), which the autograder sets from its ``--profile`` option. The
 ``smoke`` and ``cpu`` pass marks lie between the reference solution's worst of three seeds
 and what plausibly broken models reach (no positions, Post-LN without the final norm, a
-bigram model; for the classifier, no positions and causal blocks); the measurements are in
-``benchmarks/capstone_thresholds.md``. The ``gpu`` profile has not been measured yet: its
-thresholds are provisional, the ``cpu`` marks, which its larger budget must at least reach.
+bigram model; for the classifier, no positions and causal blocks), with one exception: the
+``cpu`` classifier's mark is the accuracy of the strongest simple baseline (syllable rules
+with a suffix table, 0.8007), which the reference, started from the G2P encoder, clears on
+every seed, and which a classifier with causal blocks started from it reaches too (exercise
+6's tests catch that one). The measurements are in ``benchmarks/capstone_thresholds.md``.
+The ``gpu`` profile has not been measured yet: its thresholds are provisional, the ``cpu``
+marks, which its larger budget must at least reach.
 
 Every task trains with chapter 5's schedule: linear warm-up to ``lr``, then cosine decay to
 the explicit floor ``min_lr`` (a tenth of ``lr`` in every profile) at the last step. Where
@@ -106,7 +110,7 @@ PROFILES: dict[str, Profile] = {
                           min_lr=3e-4, eval_words=200, beam_words=20, beam_size=3),
         cls=ClassifierConfig(d_model=64, n_layers=1, n_heads=4, batch_size=64, steps=400, lr=3e-3, warmup_steps=40,
                              min_lr=3e-4, from_g2p=True),
-        thresholds=Thresholds(lm_max_val_loss=2.45, g2p_max_per=0.30, g2p_max_wer=0.80, cls_min_accuracy=0.64),
+        thresholds=Thresholds(lm_max_val_loss=2.45, g2p_max_per=0.30, g2p_max_wer=0.80, cls_min_accuracy=0.655),
     ),
     "cpu": Profile(
         name="cpu",
@@ -117,7 +121,7 @@ PROFILES: dict[str, Profile] = {
         # started from the G2P encoder, at half the rate that training from scratch used (3e-3)
         cls=ClassifierConfig(d_model=128, n_layers=2, n_heads=4, batch_size=128, steps=1500, lr=1.5e-3,
                              warmup_steps=150, min_lr=1.5e-4, from_g2p=True),
-        thresholds=Thresholds(lm_max_val_loss=1.80, g2p_max_per=0.16, g2p_max_wer=0.54, cls_min_accuracy=0.74),
+        thresholds=Thresholds(lm_max_val_loss=1.80, g2p_max_per=0.16, g2p_max_wer=0.54, cls_min_accuracy=0.801),
     ),
     "gpu": Profile(
         name="gpu",
@@ -131,7 +135,7 @@ PROFILES: dict[str, Profile] = {
                              warmup_steps=200, min_lr=5e-5, dropout=0.1, from_g2p=True),
         # Not yet measured on a GPU: until a GPU session measures this profile, its marks are the
         # cpu profile's, which its larger budget must at least reach (benchmarks/capstone_thresholds.md).
-        thresholds=Thresholds(lm_max_val_loss=1.80, g2p_max_per=0.16, g2p_max_wer=0.54, cls_min_accuracy=0.74),
+        thresholds=Thresholds(lm_max_val_loss=1.80, g2p_max_per=0.16, g2p_max_wer=0.54, cls_min_accuracy=0.801),
         use_bf16=True,
     ),
 }

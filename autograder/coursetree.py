@@ -126,16 +126,17 @@ class CourseTree:
         import secrets
 
         path = self.root / "grading-seed"
+        kept = path.read_text().strip() if path.is_file() else None
         if self.settings.seed is not None:
             seed = int(self.settings.seed)
-        elif path.is_file():
-            seed = int(path.read_text().strip())
+        elif kept:
+            seed = int(kept)
         else:
             seed = secrets.randbelow(2**31)
         self.root.mkdir(parents=True, exist_ok=True)
         # Parallel workers open the tree at once: an unchanged seed is not rewritten, and a
         # new one replaces the file whole, so no worker ever reads it half-written.
-        if not path.is_file() or path.read_text().strip() != str(seed):
+        if kept != str(seed):
             write_atomic(path, f"{seed}\n")
         return seed
 
@@ -196,7 +197,7 @@ class CourseTree:
         """The time limits an assignment's cells declare in this profile, added up: how long
         grading it may take beyond the default per cell (0 for an unknown assignment)."""
         limits = self.api.config.CourseExecute.get("release_limits", {})
-        return sum(seconds for notebook in (self.notebooks(assignment) if assignment in self.assignments() else [])
+        return sum(seconds for notebook in self.notebooks(assignment)
                    for key, seconds in limits.items() if key.startswith(f"{notebook}/"))
 
     def _register_time_limits(self, assignment: str) -> None:

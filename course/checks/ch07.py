@@ -1013,7 +1013,7 @@ def _snapshot(model) -> dict:
 
 def _changed(before: dict, after: dict) -> list[str]:
     return [k for k, v in before.items() if isinstance(v, torch.Tensor) and v.is_floating_point()
-            and not (k in after and tuple(after[k].shape) == tuple(v.shape) and torch.equal(after[k], v))]
+            and not (k in after and _equal(after[k], v))]
 
 
 def _names(keys: list[str], limit: int = 4) -> str:

@@ -51,12 +51,12 @@ def main() -> int:
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--tasks", nargs="+", default=["lm", "g2p", "cls"], choices=["lm", "g2p", "cls"])
     parser.add_argument("--variants", nargs="+", default=["reference", "nanogpt-size"],
-                        help="models to train besides nothing else: reference, nanogpt-size (LM), torch-baseline (LM), "
-                             "no-positions, no-causal-mask (LM), post-ln-no-final-norm (LM), bigram (LM), "
-                             "causal-encoder (cls), from-scratch (cls: without the G2P start, at the rate the profile "
-                             "trained it with from scratch; run on --seeds like the reference); a variant that does not "
-                             "apply to a task is skipped. "
-                             "Default: reference nanogpt-size")
+                        help="models to train besides the reference: nanogpt-size (LM), torch-baseline (LM), "
+                             "no-positions, no-causal-mask (LM: no mask; G2P: its decoder without one), "
+                             "post-ln-no-final-norm (LM), bigram (LM), causal-encoder (G2P, cls), from-scratch "
+                             "(cls: without the G2P start, at the rate the profile trained it with from scratch; "
+                             "run on --seeds like the reference); a variant that does not apply to a task is "
+                             "skipped. Default: reference nanogpt-size")
     parser.add_argument("--variant-seeds", type=int, nargs="+", default=None,
                         help="seeds for the variants other than the reference and from-scratch (default: the first of --seeds)")
     parser.add_argument("--no-baselines", action="store_true", help="skip the classifier's simple baselines")
@@ -81,11 +81,11 @@ def main() -> int:
     import torch
 
     from autograder.extract import solution_namespace
-    from benchmarks.capstone_runs import CLS_VARIANTS, LM_VARIANTS, run_task
+    from benchmarks.capstone_runs import CLS_VARIANTS, G2P_VARIANTS, LM_VARIANTS, run_task
 
     ns = solution_namespace(ROOT / "solutions" / "ch07_capstone" / "ch07_capstone.ipynb")
     device = torch.device(args.device)
-    applies = {"lm": LM_VARIANTS, "g2p": ("reference",), "cls": CLS_VARIANTS}
+    applies = {"lm": LM_VARIANTS, "g2p": G2P_VARIANTS, "cls": CLS_VARIANTS}
     rows, details = [], {}
     for task in args.tasks:
         for variant in [v for v in dict.fromkeys(["reference", *args.variants]) if v in applies[task]]:

@@ -9,6 +9,10 @@ Besides the reference solution (``variant="reference"``), a run can train:
   sees the future), ``post-ln-no-final-norm`` (``x = LN(x + f(x))`` blocks and no final
   LayerNorm) and ``bigram`` (no transformer at all: the counts of each character's successor,
   with add-one smoothing, not trained);
+- for G2P, the broken ``no-positions`` (the shared positional table held at zero),
+  ``no-causal-mask`` (decoder blocks that see the phonemes they are asked to predict while
+  training, and cannot at decoding) and ``causal-encoder`` (encoder blocks left causal, so a
+  letter never sees the letters after it);
 - for the classifier, ``from-scratch`` (the reference classifier without the G2P start, at
   the learning rate the profile trained it with from scratch, ``SCRATCH_LR``), and the broken
   ``no-positions`` and ``causal-encoder`` (blocks left causal).
@@ -40,6 +44,7 @@ from course.checks.ch07 import classifier_predictions, g2p_predictions
 
 LM_VARIANTS = ("reference", "nanogpt-size", "torch-baseline", "no-positions", "no-causal-mask",
                "post-ln-no-final-norm", "bigram")
+G2P_VARIANTS = ("reference", "no-positions", "no-causal-mask", "causal-encoder")
 CLS_VARIANTS = ("reference", "from-scratch", "no-positions", "causal-encoder")
 #: the classifier's (lr, min_lr) when it trained from scratch in each profile, before it started
 #: from the G2P encoder: the from-scratch variant keeps them (benchmarks/capstone_thresholds.md)
@@ -95,7 +100,9 @@ def build_variant(ns: dict, task: str, variant: str, cfg, *sizes, start: nn.Modu
     if variant == "no-positions":
         return _zero_positions(model)
     if variant in ("no-causal-mask", "causal-encoder"):
-        for block in model.blocks:
+        blocks = model.blocks if task != "g2p" else (      # which stack the mistake is in
+            model.decoder if variant == "no-causal-mask" else model.encoder)
+        for block in blocks:
             block.causal = variant == "causal-encoder"
     elif variant == "post-ln-no-final-norm":
         for block in model.blocks:

@@ -4,11 +4,11 @@ The profile comes from the environment variable ``COURSE_PROFILE`` (``smoke``, `
 ``gpu``; default ``cpu``), which the autograder sets from its ``--profile`` option. The
 ``smoke`` and ``cpu`` pass marks lie between the reference solution's worst of three seeds
 and what plausibly broken models reach (no positions, Post-LN without the final norm, a
-bigram model; for the classifier, no positions and causal blocks), with one exception: the
-``cpu`` classifier's mark is the accuracy of the strongest simple baseline (syllable rules
-with a suffix table, 0.8007), which the reference, started from the G2P encoder, clears on
-every seed, and which a classifier with causal blocks started from it reaches too (exercise
-6's tests catch that one). The measurements are in ``benchmarks/capstone_thresholds.md``.
+bigram model; for G2P, no positions, a decoder without its causal mask and a causal encoder;
+for the classifier, no positions and causal blocks); the ``cpu`` classifier's mark is also
+over the strongest simple baseline (syllable rules with a suffix table, 0.8007). Where a
+broken model is as good as the reference in a profile (the smoke profile's small models),
+the exercise's tests refuse it. The measurements are in ``benchmarks/capstone_thresholds.md``.
 The ``gpu`` profile has not been measured yet: its thresholds are provisional, the ``cpu``
 marks, which its larger budget must at least reach.
 
@@ -101,6 +101,10 @@ class Profile:
     dry_run: bool = False              # a dry run of the profile named ``name`` (see dry_run)
 
 
+#: The cpu profile's marks (benchmarks/capstone_thresholds.md); the gpu profile keeps them until
+#: a GPU session measures it.
+CPU_MARKS = Thresholds(lm_max_val_loss=1.80, g2p_max_per=0.13, g2p_max_wer=0.47, cls_min_accuracy=0.83)
+
 PROFILES: dict[str, Profile] = {
     "smoke": Profile(
         name="smoke",
@@ -116,12 +120,14 @@ PROFILES: dict[str, Profile] = {
         name="cpu",
         lm=LMConfig(d_model=128, n_layers=3, n_heads=4, block_size=96, batch_size=24, steps=1250, lr=3e-3,
                     warmup_steps=125, min_lr=3e-4),
-        g2p=Seq2SeqConfig(d_model=128, n_layers=2, n_heads=4, batch_size=96, steps=1500, lr=3e-3, warmup_steps=125,
+        # 4,000 steps (warm-up kept at 1/12 of them): greedy PER about 0.10 against 0.12 at 1,500 steps,
+        # for about 3 more minutes of grading (benchmarks/capstone_thresholds.md)
+        g2p=Seq2SeqConfig(d_model=128, n_layers=2, n_heads=4, batch_size=96, steps=4000, lr=3e-3, warmup_steps=333,
                           min_lr=3e-4),
         # started from the G2P encoder, at half the rate that training from scratch used (3e-3)
         cls=ClassifierConfig(d_model=128, n_layers=2, n_heads=4, batch_size=128, steps=1500, lr=1.5e-3,
                              warmup_steps=150, min_lr=1.5e-4, from_g2p=True),
-        thresholds=Thresholds(lm_max_val_loss=1.80, g2p_max_per=0.16, g2p_max_wer=0.54, cls_min_accuracy=0.801),
+        thresholds=CPU_MARKS,
     ),
     "gpu": Profile(
         name="gpu",
@@ -135,7 +141,7 @@ PROFILES: dict[str, Profile] = {
                              warmup_steps=200, min_lr=5e-5, dropout=0.1, from_g2p=True),
         # Not yet measured on a GPU: until a GPU session measures this profile, its marks are the
         # cpu profile's, which its larger budget must at least reach (benchmarks/capstone_thresholds.md).
-        thresholds=Thresholds(lm_max_val_loss=1.80, g2p_max_per=0.16, g2p_max_wer=0.54, cls_min_accuracy=0.801),
+        thresholds=CPU_MARKS,
         use_bf16=True,
     ),
 }

@@ -753,7 +753,7 @@ def check_apply_rope(apply_rope, hidden: bool = False) -> None:
                 example = (f" ({int(moved[0])} becomes {int(moved[0].to(torch.bfloat16))})"
                            if moved.numel() and moved[0] == moved[0].round() else "")
                 fail(f"{label} is off by up to {err:.2f}: far more than bfloat16 rounding (about 0.02).",
-                     f"the angles were computed in bfloat16: with 8 bits of mantissa it cannot store every position "
+                     f"the angles were computed in bfloat16: with 8 bits of precision it cannot store every position "
                      f"above 256{example}, and the angles are off by radians. Compute the positions, positions * "
                      "theta, cos and sin in float32 (float64 for float64 x), then cast cos and sin, or the result, "
                      "to x.dtype.")

@@ -235,20 +235,12 @@ def _g2p_key(seed: int, device: torch.device) -> tuple:
 
 
 def _trained_g2p(ns: dict, seed: int, device: torch.device) -> nn.Module:
-    """The reference G2P model of the profile, trained as :func:`run_task` trains it (once per
-    seed and process; a G2P task of the same seed run before is reused)."""
-    profile = current_profile()
-    cfg = profile.g2p
+    """The reference G2P model of the profile, trained by :func:`run_task` (once per seed and
+    process; a G2P task of the same seed run before is reused)."""
     key = _g2p_key(seed, device)
     if key not in _G2P_STATES:
-        pairs = data.g2p_pairs("train")
-        torch.manual_seed(seed)
-        rng = torch.Generator().manual_seed(1000 + seed)
-        model = ns["build_g2p"](cfg, len(data.SRC_VOCAB), len(data.TGT_VOCAB))
-        ns["train"](model, lambda s: data.g2p_batch(pairs, cfg.batch_size, rng), g2p_loss, cfg.steps, cfg.lr,
-                    cfg.min_lr, cfg.warmup_steps, device, use_bf16=profile.use_bf16, progress=False)
-        _G2P_STATES[key] = copy.deepcopy(model.state_dict())
-    model = ns["build_g2p"](cfg, len(data.SRC_VOCAB), len(data.TGT_VOCAB)).to(device)
+        run_task(ns, "g2p", "reference", seed, device)     # keeps its trained weights (and scores them)
+    model = ns["build_g2p"](current_profile().g2p, len(data.SRC_VOCAB), len(data.TGT_VOCAB)).to(device)
     model.load_state_dict(_G2P_STATES[key])
     return model.eval()
 

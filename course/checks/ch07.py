@@ -1124,7 +1124,7 @@ def _check_load_encoder(load_encoder, build_g2p, build_classifier, hidden: bool)
 
 
 def _equal(a: torch.Tensor, b: torch.Tensor) -> bool:
-    return tuple(a.shape) == tuple(b.shape) and torch.equal(a, b)
+    return same(a, b, atol=0, rtol=0)
 
 
 def _diagnose_transfer(run: dict, g2p, ids: torch.Tensor, case: dict) -> None:

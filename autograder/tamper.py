@@ -8,7 +8,16 @@ the names the course's own cells rely on (``checks``, ``profile``, ...), ``sys.m
 spawning processes, writing or deleting files, importing the grading or reference code
 (``autograder``, ``nbgrader``, ``course.checks``), reading ``/proc`` or the environment,
 ``globals()``/``__builtins__``, frames and other interpreter internals, shell escapes and
-magics.
+magics. Routes that reach code by a name the scan cannot read are noted too: ``pkgutil``,
+``pydoc``, ``runpy``, ``__main__``, attributes such as ``.import_module`` or ``.modules`` on any
+object, builtins through a bound method's ``__self__``, functions built from code objects
+(``types.FunctionType``), ``getattr``/``attrgetter`` with a computed name, ``locals()``/``vars()``,
+a watched module (``sys``, ``os``, ...) handed around as a value (``[sys][0]``), and torch's
+private parts (``torch._C``, ``torch.utils._python_dispatch``) and operator registry (``torch.ops``).
+
+A cell is read as the kernel runs it: transformed by IPython's own input transformers first,
+so ``obj?``, ``!cmd`` and ``%magic`` count only where IPython takes them as such (never inside
+a string, where a line-based reading would let one ``?`` hide the next line from every rule).
 
 Each finding is a short human note, ``review: ex3_answer line 4 patches torch.allclose``.
 The notes are evidence for a person to read; they never change a score. A cell that does
@@ -43,13 +52,25 @@ MODULES = {
     "IPython": "the IPython shell", "ipykernel": "the kernel", "jupyter_client": "the kernel",
     "autograder": "the course's grading code", "nbgrader": "the grading code",
     "course.checks": "the course's reference code",
+    # routes to a module or object by its name, or to running code: each can reach course.checks
+    "pkgutil": "loads modules and their files by name", "pydoc": "loads objects by name",
+    "runpy": "runs modules", "__main__": "the notebook's own namespace", "marshal": "loads compiled code",
+    "code": "runs code", "codeop": "compiles code", "zipimport": "imports code",
 }
 
 # Calls (or references) that an answer never needs, by qualified name (or prefix ending in '*').
 CALLS = {
     "builtins.exec": "runs exec", "builtins.eval": "runs eval", "builtins.compile": "compiles code",
     "builtins.__import__": "calls __import__", "builtins.globals": "uses globals()",
-    "builtins.breakpoint": "calls breakpoint",
+    "builtins.breakpoint": "calls breakpoint", "builtins.locals": "uses locals()",
+    "builtins.vars": "uses vars()",
+    "types.FunctionType": "builds a function from a code object (types.FunctionType)",
+    "types.LambdaType": "builds a function from a code object (types.LambdaType)",
+    "types.CodeType": "builds a code object (types.CodeType)",
+    "torch.ops": "calls torch's operator registry (torch.ops)", "torch.ops.*": "calls torch's operator registry",
+    "torch.library": "changes torch's operators (torch.library)", "torch.library.*": "changes torch's operators",
+    "torch.overrides": "changes how torch dispatches (torch.overrides)",
+    "torch.overrides.*": "changes how torch dispatches",
     "os.system": "runs a shell command (os.system)", "os.popen": "runs a shell command (os.popen)",
     "os.kill": "sends a signal (os.kill)", "os.killpg": "sends a signal (os.killpg)",
     "os._exit": "exits the process (os._exit)", "os.abort": "aborts the process (os.abort)",
@@ -82,7 +103,17 @@ MUTATING_METHODS = {"update", "pop", "popitem", "setdefault", "clear", "__setite
 # Attribute names no honest answer reads, whatever object they are on.
 INTERNAL_ATTRS = {"__globals__", "__builtins__", "__code__", "__closure__", "__subclasses__", "f_globals",
                   "f_locals", "f_back", "f_builtins", "tb_frame", "gi_frame", "cr_frame", "__import__",
-                  "__loader__"}
+                  "__loader__", "__self__", "__torch_function__", "__torch_dispatch__"}
+# Attribute names that import code or reach sys's module table, on whatever object they are read
+# (``os.sys.modules``, ``some_module.importlib``): a qualified name cannot follow those routes.
+IMPORT_ATTRS = {"import_module", "resolve_name", "run_module", "run_path", "find_spec", "module_from_spec",
+                "spec_from_file_location", "spec_from_loader", "exec_module", "load_module", "get_data",
+                "importlib", "pkgutil", "pydoc", "runpy", "sys"}
+# Modules whose object, handed around as a value (``[sys][0].modules``), takes the scan's
+# qualified names out of reach: using one other than as ``module.attribute`` is noted.
+WATCHED_MODULES = {"sys", "os", "builtins", "importlib", "types", "inspect", "gc", "pkgutil", "pydoc",
+                   "runpy", "__main__", "operator"}
+NAME_LOOKUPS = {"builtins.getattr", "builtins.hasattr", "builtins.setattr", "builtins.delattr"}
 # Methods that write or delete files when called on a path object.
 FILE_METHODS = {"write_text": "writes a file", "write_bytes": "writes a file", "unlink": "deletes a file",
                 "rmdir": "deletes a folder", "touch": "creates a file", "symlink_to": "creates a link",
@@ -110,6 +141,18 @@ def _module_rule(qualified: str) -> str | None:
     for module, message in MODULES.items():
         if qualified == module or qualified.startswith(module + "."):
             return message
+    return _private_torch(qualified)
+
+
+def _private_torch(qualified: str) -> str | None:
+    """``torch._C``, ``torch.utils._python_dispatch``: torch's internals, which can switch off
+    what a check watches; dunders such as ``torch.__version__`` are public."""
+    parts = qualified.split(".")
+    if parts[0] != "torch":
+        return None
+    for i, part in enumerate(parts[1:], start=2):
+        if part.startswith("_") and not (part.startswith("__") and part.endswith("__")):
+            return f"a private part of torch, {'.'.join(parts[:i])}"
     return None
 
 
@@ -123,8 +166,8 @@ def _nbgrader(cell) -> dict:
 
 def _parse_quietly(source: str) -> ast.Module | None:
     try:
-        return ast.parse(_strip_magics(source)[0])
-    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return ast.parse(_to_python(source)[0])
+    except Exception:  # noqa: BLE001 - a cell that cannot be read adds nothing to the context
         return None
 
 
@@ -227,49 +270,94 @@ def build_context(submitted, released=None) -> Context:
     return ctx
 
 
-# ----------------------------------------------------------------------------- magics
+# ----------------------------------------------------------------------------- IPython syntax
 
-_MAGIC_ASSIGN = re.compile(r"^[\w\s,.\[\]()*]+=\s*[!%]")
-_TIME_MAGIC = re.compile(r"^%(timeit|time)\s+((?:-\w+(?:\s+\d+)?\s+)*)(.*)$")
+_OPTIONS = re.compile(r"((?:-\w+(?:\s+\d+)?\s+)*)(.*)$", re.DOTALL)
+_HELP_MAGICS = {"pinfo", "pinfo2", "psearch"}
 
 
-def _strip_magics(source: str) -> tuple[str, list[tuple[int, str]]]:
-    """IPython syntax -> plain Python with the same line numbers, and what the magics do."""
+def _to_python(source: str) -> tuple[str, list[tuple[int, str]]]:
+    """IPython input -> plain Python with the same line numbers, and what its IPython syntax does.
+
+    The cell is transformed by IPython's own input transformers, as the kernel does before it
+    runs a cell: a ``?``, ``!`` or ``%`` is special syntax only where IPython's tokens say so,
+    never inside a string (a line-based reading let ``x = \"\"\"?`` hide the next line from
+    every rule). Each transformed piece becomes one line, padded with blank lines so that the
+    line numbers stay those of the cell."""
+    from IPython.core import inputtransformer2 as it
+
+    text = source if source.endswith("\n") else source + "\n"
+    original = text.splitlines(keepends=True)
+    lines = it.leading_empty_lines(original)
+    skipped = len(original) - len(lines)
+    for transform in (it.leading_indent, it.classic_prompt, it.ipython_prompt):
+        lines = transform(lines)
+    if lines and lines[0].startswith("%%") and not re.match(r"%%\w+\?", lines[0]):
+        return _cell_magic(lines, skipped)
+    manager, transformed = it.TransformerManager(), []
+    for _ in range(it.TRANSFORM_LOOP_LIMIT):
+        before = lines
+        changed, lines = manager.do_one_token_transform(lines)
+        if not changed:
+            break
+        at = next((i for i, (a, b) in enumerate(zip(before, lines)) if a != b), len(lines) - 1)
+        lines[at + 1:at + 1] = ["\n"] * (len(before) - len(lines))     # the lines it joined
+        transformed.append(at)
     findings: list[tuple[int, str]] = []
-    lines = source.split("\n")
-    first = lines[0].lstrip() if lines else ""
-    if first.startswith("%%"):
-        name = (first[2:].split() or [""])[0]
-        if name not in PYTHON_CELL_MAGICS:
-            findings.append((1, f"runs the cell magic %%{name}"))
-            return "", findings
-        lines[0] = ""
-    out = list(lines[:1]) if first.startswith("%%") else []
-    for number, line in enumerate(lines[len(out):], start=len(out) + 1):
-        stripped = line.lstrip()
-        indent = line[:len(line) - len(stripped)]
-        if stripped.startswith("!"):
-            findings.append((number, f"runs a shell command ({stripped[:40]})"))
-            line = indent + "pass"
-        elif stripped.startswith("%"):
-            words = stripped[1:].split()
-            name = words[0] if words else ""
-            timed = _TIME_MAGIC.match(stripped)
-            if timed and timed.group(3).strip():
-                line = indent + timed.group(3)
-            else:
-                if name == "load_ext" and len(words) > 1 and words[1] in SAFE_EXTENSIONS:
-                    pass
-                elif name not in SAFE_LINE_MAGICS:
-                    findings.append((number, f"runs the magic %{name}"))
-                line = indent + "pass"
-        elif _MAGIC_ASSIGN.match(stripped) and not stripped.startswith("#"):
-            findings.append((number, f"runs a shell command or magic ({stripped[:40]})"))
-            line = indent + "pass"
-        elif stripped.endswith("?") and not stripped.startswith("#") and "#" not in stripped:
-            line = indent + "pass"        # IPython help: obj?
-        out.append(line)
-    return "\n".join(out), findings
+    for at in transformed:
+        raw = original[at + skipped].strip()[:40] if at + skipped < len(original) else ""
+        lines[at], finding = _magic_line(lines[at], raw)
+        if finding:
+            findings.append((at + skipped + 1, finding))
+    return "\n" * skipped + "".join(lines), findings
+
+
+def _cell_magic(lines: list[str], skipped: int) -> tuple[str, list[tuple[int, str]]]:
+    """A cell that starts with ``%%name``: its body is Python only for the timing magics."""
+    name, _, argument = lines[0][2:].rstrip().partition(" ")
+    if name not in PYTHON_CELL_MAGICS:
+        return "", [(skipped + 1, f"runs the cell magic %%{name}")]
+    body, findings = _to_python("".join(lines[1:]))
+    setup = _OPTIONS.match(argument).group(2).strip() if name == "timeit" else ""
+    shifted = [(n + skipped + 1, m) for n, m in findings]
+    return "\n" * skipped + setup.replace("\n", " ") + "\n" + body, shifted
+
+
+def _magic_line(line: str, raw: str) -> tuple[str, str | None]:
+    """One line IPython transformed -> (Python the scan reads in its place, a finding or None).
+
+    IPython writes its syntax as ``get_ipython().method('name', 'argument')`` (or ``x = ...``);
+    any other result (an autocall such as ``/f x`` -> ``f(x)``) is ordinary code, scanned as such."""
+    indent = line[:len(line) - len(line.lstrip())]
+    try:
+        statement = ast.parse(line.strip()).body[0]
+    except (SyntaxError, ValueError, IndexError):
+        return line, None
+    call = statement.value if isinstance(statement, (ast.Expr, ast.Assign)) else None
+    if not (isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute)
+            and isinstance(call.func.value, ast.Call) and isinstance(call.func.value.func, ast.Name)
+            and call.func.value.func.id == "get_ipython"
+            and all(isinstance(a, ast.Constant) and isinstance(a.value, str) for a in call.args)):
+        return line, None
+    method, args = call.func.attr, [a.value for a in call.args]
+    blank = indent + "pass\n"
+    if isinstance(statement, ast.Assign):
+        return blank, f"runs a shell command or magic ({raw})"
+    if method == "system":
+        return blank, f"runs a shell command ({raw})"
+    if method == "show_usage":
+        return blank, None
+    if method != "run_line_magic" or len(args) != 2:
+        return blank, f"runs IPython syntax ({raw})"
+    name, argument = args
+    if name in _HELP_MAGICS:
+        return blank, None
+    if name in ("time", "timeit"):
+        timed = _OPTIONS.match(argument).group(2).strip()
+        return (indent + timed.replace("\n", " ") + "\n" if timed else blank), None
+    if name == "load_ext" and argument.split()[:1] and argument.split()[0] in SAFE_EXTENSIONS:
+        return blank, None
+    return blank, (None if name in SAFE_LINE_MAGICS else f"runs the magic %{name}")
 
 
 # ----------------------------------------------------------------------------- the scan of one cell
@@ -329,6 +417,8 @@ class _Scanner(ast.NodeVisitor):
         self.scope = _Scope(dict(top))
         self.findings: list[tuple[int, str]] = []
         self.handled: set[int] = set()
+        self.attribute_bases: set[int] = set()     # nodes read as ``node.attribute``
+        self.called: set[int] = set()              # nodes called as ``node(...)``
 
     # -- helpers
     def flag(self, node: ast.AST, message: str) -> None:
@@ -422,6 +512,8 @@ class _Scanner(ast.NodeVisitor):
 
     # -- scopes
     def _visit_function(self, node) -> None:
+        if getattr(node, "name", "") in ("__torch_function__", "__torch_dispatch__"):
+            self.flag(node, f"defines {node.name} (changes what torch functions do on its objects)")
         for decorator in getattr(node, "decorator_list", []):
             self.visit(decorator)
         for default in [*node.args.defaults, *[d for d in node.args.kw_defaults if d is not None]]:
@@ -519,6 +611,8 @@ class _Scanner(ast.NodeVisitor):
     def _visit_target_loads(self, target: ast.AST) -> None:
         """Visit the loads inside a store target (``a[i].b = ...`` loads ``a`` and ``i``)."""
         if isinstance(target, (ast.Attribute, ast.Subscript)):
+            if isinstance(target, ast.Attribute):
+                self.attribute_bases.add(id(target.value))
             self.visit(target.value)
             if isinstance(target, ast.Subscript):
                 self.visit(target.slice)
@@ -564,13 +658,15 @@ class _Scanner(ast.NodeVisitor):
             if not found and node.id in NAMES:
                 self.flag(node, NAMES[node.id])
             elif found and q:
-                self._reference(node, q)
+                if not self._reference(node, q) and q in WATCHED_MODULES and id(node) not in self.attribute_bases:
+                    self.flag(node, f"hands the module {q} around as a value (the scan cannot follow it)")
             elif not found and node.id in BUILTIN_NAMES:
                 message = _match(CALLS, f"builtins.{node.id}")
                 if message:
                     self.flag(node, message)
 
     def visit_Attribute(self, node: ast.Attribute) -> None:
+        self.attribute_bases.add(id(node.value))
         if node.attr in INTERNAL_ATTRS:
             self.flag(node, f"reads {node.attr}")
         if id(node) in self.handled:
@@ -584,6 +680,11 @@ class _Scanner(ast.NodeVisitor):
                 self.handled.add(id(node.value))
             elif self._reference(node, q):
                 self.handled.add(id(node.value))      # one note per chain: torch.save, not torch too
+        if id(node.value) not in self.handled:        # not noted by its qualified name: by the attribute's
+            if node.attr in IMPORT_ATTRS:
+                self.flag(node, f"imports code or modules by name (.{node.attr})")
+            elif node.attr == "modules" and id(node) not in self.called:
+                self.flag(node, "reads .modules (the table of loaded modules)")
         self.visit(node.value)
 
     def _reference(self, node: ast.AST, q: str) -> bool:
@@ -598,7 +699,9 @@ class _Scanner(ast.NodeVisitor):
         return False
 
     def visit_Call(self, node: ast.Call) -> None:
+        self.called.add(id(node.func))
         q = self.qualified(node.func)
+        self._names_by_string(node, q)
         if q in OPENERS:
             mode = node.args[1] if len(node.args) > 1 else next(
                 (k.value for k in node.keywords if k.arg == "mode"), None)
@@ -625,6 +728,24 @@ class _Scanner(ast.NodeVisitor):
             elif base_q is None and self.protected_root(base) and attr in MUTATING_METHODS | {"__init__"}:
                 self.flag(node, f"changes {_text(base)} (.{attr})")
         self.generic_visit(node)
+
+    def _names_by_string(self, node: ast.Call, q: str | None) -> None:
+        """``getattr(x, 'che' + 'cks')``, ``operator.attrgetter(name)``: a name the scan cannot read."""
+        if q in NAME_LOOKUPS and len(node.args) >= 2:
+            name = node.args[1]
+            if not (isinstance(name, ast.Constant) and isinstance(name.value, str)):
+                self.flag(node, f"looks up an attribute by a computed name ({q.split('.')[-1]})")
+            elif name.value in INTERNAL_ATTRS | IMPORT_ATTRS | {"modules"}:
+                self.flag(node, f"reads {name.value} ({q.split('.')[-1]})")
+            else:
+                target = self.qualified(node) if q == "builtins.getattr" else None
+                if target:
+                    self._reference(node, target)
+        elif q in ("operator.attrgetter", "operator.methodcaller") and node.args:
+            name = node.args[0]
+            if not (isinstance(name, ast.Constant) and isinstance(name.value, str)) or any(
+                    part.startswith("_") for part in name.value.split(".")):
+                self.flag(node, f"looks up an attribute by a computed or private name ({q.split('.')[-1]})")
 
     def _check_mode(self, node: ast.Call, mode: ast.AST | None) -> None:
         if mode is None:
@@ -656,7 +777,10 @@ def _text(node: ast.AST, limit: int = 60) -> str:
 def scan_source(source: str, label: str, ctx: Context | None = None) -> list[str]:
     """Notes for one cell's code. ``label`` names the cell in the notes (``ex3_answer``)."""
     ctx = ctx or Context()
-    python, findings = _strip_magics(source)
+    try:
+        python, findings = _to_python(source)
+    except Exception:  # noqa: BLE001 - IPython's transformers gave up: read the cell as Python
+        python, findings = source, []
     try:
         tree = ast.parse(python)
     except (SyntaxError, ValueError, RecursionError, MemoryError) as err:

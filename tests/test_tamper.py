@@ -94,6 +94,69 @@ def test_each_construct_is_flagged(ctx, source, expected):
     assert all(n.startswith("review: ex3_answer line ") for n in notes), notes
 
 
+# Exercise 1 answered with course.checks.ch01's oracles by indirect routes (issue 31): each scored
+# full marks with no note before the scan knew them. (route, answer, what its note says)
+ROUTES = [
+    ("pkgutil.resolve_name", 'import pkgutil\nmerge_pair = pkgutil.resolve_name("course.checks.ch01:_merge_oracle")',
+     "imports pkgutil"),
+    ("pydoc.locate", 'import pydoc\nmerge_pair = pydoc.locate("course.checks.ch01._merge_oracle")', "imports pydoc"),
+    ("runpy.run_module", 'import runpy\nmerge_pair = runpy.run_module("course.checks.ch01")["_merge_oracle"]',
+     "imports runpy"),
+    ("__main__", "import __main__\nmerge_pair = __main__.checks._merge_oracle", "imports __main__"),
+    ("locals() and attrgetter", 'import operator\n'
+     'merge_pair = operator.attrgetter("_merge_oracle")(locals()["che" + "cks"])', "uses locals()"),
+    ("attrgetter of a computed name", 'from operator import attrgetter\nname = "_merge" + "_oracle"\n'
+     "merge_pair = attrgetter(name)(ns)", "by a computed or private name (attrgetter)"),
+    ("builtins via __self__", '_b = [print][0].__self__\n_imp = getattr(_b, "__imp" + "ort__")\n'
+     'merge_pair = _imp("course.checks.ch01", fromlist=["x"])._merge_oracle', "reads __self__"),
+    ("getattr of a computed name", '_imp = getattr(b, "__imp" + "ort__")', "by a computed name (getattr)"),
+    ("getattr of __import__", '_imp = getattr(b, "__import__")', "reads __import__ (getattr)"),
+    ("pkgutil.get_data and types.FunctionType", 'import pkgutil, types\n'
+     '_src = pkgutil.get_data("course", "checks/ch01.py")\n'
+     "_code = [c for c in compile(_src, 'x', 'exec').co_consts if hasattr(c, 'co_name')][0]\n"
+     "merge_pair = types.FunctionType(_code, {})", "builds a function from a code object (types.FunctionType)"),
+    ("types.CodeType", "from types import CodeType\ncode = CodeType(*parts)", "types.CodeType"),
+    ("[sys][0].modules", 'import sys\nmerge_pair = [sys][0].modules["course.checks.ch01"]._merge_oracle',
+     "hands the module sys around as a value"),
+    ("sys through os", 'import os\nm = os.sys.modules["course.checks.ch01"]', "(.sys)"),
+    ("importlib through another module", "importer = torch.serialization.importlib", "(.importlib)"),
+    ("a line that ends in ? inside a string", 'x = """?\n"""; from course.checks.ch01 import _merge_oracle; '
+     'y = """?\n"""\n#"""', "line 2 imports course.checks.ch01._merge_oracle"),
+    ("a safe magic inside a string", 's = """\n%matplotlib inline"""; import course.checks.ch01 as c; t = """\n"""',
+     "line 2 imports course.checks.ch01"),
+    ("torch._C", "state = torch._C._get_tracing_state()", "a private part of torch, torch._C"),
+    ("getattr(torch, '_C')", "C = getattr(torch, '_C')", "a private part of torch, torch._C"),
+    ("torch.utils._python_dispatch", "with torch.utils._python_dispatch._disable_current_modes():\n    pass",
+     "a private part of torch, torch.utils._python_dispatch"),
+    ("from torch.utils import _python_dispatch", "from torch.utils import _python_dispatch",
+     "a private part of torch, torch.utils._python_dispatch"),
+    ("torch.ops.aten", "out = torch.ops.aten.embedding(weight, ids)", "torch's operator registry"),
+    ("__torch_function__", "class T(torch.Tensor):\n    @classmethod\n    def __torch_function__(cls, *a, **k):\n"
+     "        return True", "defines __torch_function__"),
+]
+
+
+@pytest.mark.parametrize("route,source,expected", ROUTES, ids=[r[0] for r in ROUTES])
+def test_each_route_to_the_reference_code_is_noted(ctx, route, source, expected):
+    notes = notes_for(source, ctx)
+    assert any(expected in n for n in notes), notes
+
+
+def test_the_scan_reads_a_cell_as_ipython_runs_it(ctx):
+    """The ``?`` route is real: IPython's own transformer keeps the import as code (the scan used
+    to take the line for a help request and skip it), and a real help request runs nothing."""
+    from IPython.core.inputtransformer2 import TransformerManager
+
+    hidden = next(source for route, source, _ in ROUTES if route.startswith("a line that ends in ?"))
+    assert "from course.checks.ch01 import" in TransformerManager().transform_cell(hidden)
+    help_line = "from course.checks.ch01 import _merge_oracle; torch.allclose?"
+    assert "import" not in TransformerManager().transform_cell(help_line)     # IPython runs only the help
+    assert notes_for(help_line, ctx) == []
+    assert notes_for("x = 1\n!ls \\\n  -la\ny = 2\nimport ctypes", ctx) == [     # joined lines keep numbers
+        "review: ex3_answer line 2 runs a shell command (!ls \\)",
+        "review: ex3_answer line 5 imports ctypes (reaches into the interpreter)"]
+
+
 def test_note_names_the_cell_and_the_line(ctx):
     assert notes_for("import math\n\n\ntorch.allclose = lambda *a: True", ctx) == [
         "review: ex3_answer line 4 patches torch.allclose"]
@@ -119,6 +182,12 @@ HONEST = [
     "%time y = [i for i in range(3)]",
     "%matplotlib inline\n%load_ext autoreload\n%autoreload 2",
     "torch.allclose?",
+    "?torch.allclose\ntorch.allclose??\n%pinfo torch",
+    'def f(ids):\n    """Does it merge?\n    Really?\n    """\n    return ids  # why?',
+    'print(f"{torch.__version__}?")',
+    "for module in model.modules():\n    module.eval()",
+    "pick = getattr(model, 'weight')\nimport operator\nkey = operator.itemgetter(1)",
+    "import math\nx = math.sqrt(2)\nn = torch.__version__",
     "scores = {}\nscores.update(a=1)",
     "def merge(ids, pair, new_id):\n    out, i = [], 0\n    while i < len(ids):\n        i += 1\n    return out",
 ]

@@ -53,7 +53,7 @@ def main(argv: list[str] | None = None) -> int:
                        help="grade this student's submissions again and keep every other row of the last run")
     grade.add_argument("--seed", type=int,
                        help="seed of the hidden tests' inputs (default: drawn once per --out and kept in "
-                            "OUT/nbgrader/grading-seed); the same seed reproduces a grade")
+                            "OUT/nbgrader/grading-secret); the same seed reproduces a grade")
 
     grade.add_argument("--dry-run", action="store_true",
                        help="a dry run of --profile: the capstone's models of that profile (sizes, dropout, "

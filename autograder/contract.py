@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import ast
 import enum
+import hashlib
 import re
 from pathlib import Path
 from typing import Iterable
@@ -132,6 +133,18 @@ def strip_hidden_region(source: str) -> tuple[str, bool]:
                          re.MULTILINE | re.DOTALL)
     stripped, count = pattern.subn(HIDDEN_PLACEHOLDER + "\n", source)
     return stripped, count > 0
+
+
+def submission_seed(secret: int, nb: NotebookNode) -> int:
+    """The seed of one submission's hidden inputs: from the grader's secret and the
+    submission's answers (their cells' ids and sources), so an unchanged submission is graded
+    on the same inputs and a changed one on new inputs, and nothing learned about one
+    submission's inputs applies to another."""
+    digest = hashlib.sha256(f"{secret}".encode())
+    for cell in nb.cells:
+        if role(cell) is Role.ANSWER:
+            digest.update(f"\x00{grade_id(cell)}\x00{cell.source}".encode("utf-8", "surrogatepass"))
+    return int.from_bytes(digest.digest(), "big")
 
 
 def setup_imports(nb: NotebookNode) -> str:

@@ -49,6 +49,7 @@ def _alembic_head() -> str:
 nbgrader_api.get_alembic_version = _alembic_head
 
 STUB = "# YOUR CODE HERE\nraise NotImplementedError()"
+SECRET_FILE = "grading-secret"     # in the course tree; never in a sandbox
 
 
 class NbGraderError(RuntimeError):
@@ -121,23 +122,27 @@ class CourseTree:
         self.api.log.setLevel(logging.WARNING)
 
     def grading_seed(self) -> int:
-        """The seed hidden tests draw their inputs from: ``--seed``, else drawn once for this
-        output folder (kept there, so a resumed run uses the same inputs)."""
+        """The grading secret that every submission's hidden inputs are drawn from (with the
+        submission's own answers, :func:`autograder.contract.submission_seed`): ``--seed``,
+        else 256 random bits drawn once for this output folder and kept there (readable by
+        the grader only), so a resumed run or an unchanged resubmission gets the same inputs.
+        It never enters a kernel."""
         import secrets
 
-        path = self.root / "grading-seed"
+        path = self.root / SECRET_FILE
         kept = path.read_text().strip() if path.is_file() else None
         if self.settings.seed is not None:
             seed = int(self.settings.seed)
         elif kept:
             seed = int(kept)
         else:
-            seed = secrets.randbelow(2**31)
+            seed = secrets.randbits(256)
         self.root.mkdir(parents=True, exist_ok=True)
-        # Parallel workers open the tree at once: an unchanged seed is not rewritten, and a
+        # Parallel workers open the tree at once: an unchanged secret is not rewritten, and a
         # new one replaces the file whole, so no worker ever reads it half-written.
         if kept != str(seed):
             write_atomic(path, f"{seed}\n")
+            path.chmod(0o600)
         return seed
 
     def new_sandbox(self) -> Sandbox:

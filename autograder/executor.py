@@ -120,7 +120,8 @@ class CourseExecute(Execute):
     judge = Bool(False, help="judge graded test cells in this process").tag(config=True)
     output_limit = Integer(2 << 20, help="bytes of output kept per cell").tag(config=True)
     sandbox_factory = AnyTrait(None, allow_none=True, help="callable() -> Sandbox, or None").tag(config=True)
-    grading_seed = Integer(0, help="seed the hidden tests draw their inputs from").tag(config=True)
+    grading_seed = Integer(0, help="the grading secret: with a submission's answers, the seed of its hidden "
+                                   "tests' inputs (contract.submission_seed)").tag(config=True)
 
     death_reason = Unicode("")
     # After a cell's reply, its last outputs (a figure, a progress bar) may lag on a busy
@@ -133,6 +134,7 @@ class CourseExecute(Execute):
         self._sandbox = None
         self._judge_client = None
         self._imports = ""
+        self._submission_seed = 0
         self._output_bytes = 0
         self._judge_printed, self._judge_printed_bytes = [], 0
 
@@ -152,6 +154,7 @@ class CourseExecute(Execute):
         kernel_messages.install()       # a missed wake-up must not hold a cell to its time limit
         self.death_reason = ""
         self._imports = contract.setup_imports(nb)
+        self._submission_seed = contract.submission_seed(self.grading_seed, nb)
         try:
             return super().preprocess(nb, resources, km)
         finally:
@@ -270,7 +273,7 @@ class CourseExecute(Execute):
         channel = Channel(link.serve, io_dir, time.monotonic() + limit)
         timed_out = False
         cwd = Path((resources or {}).get("metadata", {}).get("path") or ".")
-        _hidden.set_grading_seed(self.grading_seed)
+        _hidden.set_grading_seed(self._submission_seed)
         verdict = []
         self._judge_printed, self._judge_printed_bytes = [], 0
         try:

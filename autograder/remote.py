@@ -4,10 +4,11 @@ A judged test cell runs in the grading process. Names it does not import (the st
 ``Embedding``, ``train``, a trained ``lm_model``) are :class:`RemoteObject` stand-ins:
 calling one, reading an attribute or iterating it sends a request to the sandboxed kernel
 (:mod:`course.probe`), which does it there and replies with plain data. Tensors that
-need gradients stay in the kernel as :class:`RemoteTensor`; torch functions applied to
-them run in the kernel too, so a check's ``out.sum().backward()`` then ``weight.grad``
-works as it would in one process. The check helpers themselves, their oracles and their
-verdicts never leave this process.
+need gradients keep their graph in the kernel, and come here as :class:`RemoteTensor`: a
+copy of their values that every comparison runs on, here; a backward pass that reaches one
+sends its gradient to the kernel, so a check's ``out.sum().backward()`` then
+``weight.grad`` works as it would in one process. No function of a check's runs in the
+kernel; the check helpers, their oracles and their verdicts never leave this process.
 
 Requests are pickled (``cloudpickle``: the check's lambdas travel by value); replies are
 read with ``torch.load(weights_only=True)``, so a reply can hold nothing but data.
@@ -37,7 +38,7 @@ _PICKLING = [0]   # while a request is pickled, stand-ins show their own class
 
 # Requests that run none of the student's code (but for attribute reads, whose results are
 # kept until the next request that may).
-_READ_ONLY = frozenset({"getattr", "bases", "detach", "items", "len", "value", "repr"})
+_READ_ONLY = frozenset({"getattr", "bases", "items", "len", "value", "repr"})
 
 
 class KernelLost(RuntimeError):
@@ -66,6 +67,8 @@ class Channel:
         self.twins: dict[int, torch.nn.Module] = {}   # our modules handed to the student's code
         self._twin_numbers: dict[int, int] = {}
         self._attributes: dict[tuple[int, str], Any] = {}   # read since the student's code last ran
+        self.generation = 0          # how many times the student's code may have run
+        self.in_backward = False
 
     def request(self, op: str, target: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         from torch.utils._python_dispatch import _disable_current_modes
@@ -75,6 +78,7 @@ class Channel:
             return self._attributes[key]
         if op not in _READ_ONLY:   # the student's code may run: what we read before may change
             self._attributes.clear()
+            self.generation += 1
         with _disable_current_modes():   # a check's recording mode must not see our own tensors
             value = self._request(op, target, args, kwargs)
         if key is not None and key[0] > 0:
@@ -86,8 +90,10 @@ class Channel:
         request_path = self.io_dir / f"request-{self.count}.pkl"
         reply_path = self.io_dir / f"reply-{self.count}.pt"
         contexts = probe.active_contexts()
-        payload = {"op": op, "target": target, "args": self._mirrored(args), "kwargs": self._mirrored(kwargs or {}),
-                   "grad": torch.is_grad_enabled(), "rng": torch.get_rng_state(),
+        kwargs = kwargs or {}
+        originals = probe.tensor_leaves((args, kwargs))
+        payload = {"op": op, "target": target, "args": self._mirrored(args), "kwargs": self._mirrored(kwargs),
+                   "grad": torch.is_grad_enabled(), "seed": self._call_seed(),
                    "contexts": [(n, factory, a, k) for n, factory, a, k, _ in contexts]}
         _PICKLING[0] += 1
         try:
@@ -110,16 +116,39 @@ class Channel:
         reply = torch.load(io.BytesIO(reply_path.read_bytes()), weights_only=True)
         reply_path.unlink()
         self._absorb(reply, contexts)
+        self._apply_changes(originals, reply.get("changed"))
         if reply.get("stop"):
             raise StopIteration
         if "error" in reply:
             raise _rebuild_error(reply["error"])
         return self.decode(reply.get("value"))
 
+    @staticmethod
+    def _call_seed() -> int:
+        """The seed of the kernel's RNG for one call: drawn from this process's global RNG,
+        so that a check that seeds it gets the same randomness in the student's code twice,
+        and two calls in a row get different streams. The kernel sees only this number, not
+        the state or the seed it was drawn from. Inside :func:`course.probe.kernel_seed`, the
+        check's own seed."""
+        pinned = probe.pinned_seed()
+        return pinned if pinned is not None else int(torch.randint(0, 2**62, (1,)).item())
+
+    def _apply_changes(self, originals: list, changed: Any) -> None:
+        """Arguments the student's code changed in place: the same change to ours, as a call
+        in this process would have made it."""
+        for item in changed if isinstance(changed, list) else []:
+            if not (isinstance(item, (tuple, list)) and len(item) == 2 and isinstance(item[1], torch.Tensor)):
+                continue
+            index, value = item
+            if isinstance(index, int) and 0 <= index < len(originals):
+                ours = originals[index]
+                with torch.no_grad():
+                    if ours.shape == value.shape:
+                        ours.copy_(value.to(ours.dtype))
+                    else:
+                        ours.data = value.to(ours.dtype)
+
     def _absorb(self, reply: dict, contexts: list) -> None:
-        rng = reply.get("rng")
-        if isinstance(rng, torch.Tensor) and rng.dtype == torch.uint8:
-            torch.set_rng_state(rng)
         states = reply.get("contexts") or {}
         for number, _, _, _, owner in contexts:
             if owner is not None and number in states and hasattr(owner, "absorb"):
@@ -128,21 +157,39 @@ class Channel:
             if number in self.twins and isinstance(state, dict):
                 with torch.no_grad():
                     self.twins[number].load_state_dict(state, strict=False)
-        for number, grad in (reply.get("grads") or {}).items():
-            if number in self.mirrors and (grad is None or isinstance(grad, torch.Tensor)):
-                self.mirrors[number].grad = grad
+        increments = {n: g for n, g in (reply.get("grads") or {}).items()
+                      if n in self.mirrors and isinstance(g, torch.Tensor) and g.shape == self.mirrors[n].shape}
+        if increments and self.in_backward:   # after this process's own backward pass has finished
+            torch.autograd.Variable._execution_engine.queue_callback(lambda: self._add_grads(increments))
+        else:
+            self._add_grads(increments)
+
+    def _add_grads(self, increments: dict[int, torch.Tensor]) -> None:
+        for number, grad in increments.items():
+            mirror = self.mirrors[number]
+            mirror.grad = grad.to(mirror.dtype) if mirror.grad is None else mirror.grad + grad
+
+    def backward(self, tensor: "RemoteTensor", grad: torch.Tensor) -> None:
+        """This process's backward pass reached a tensor of the kernel's: the kernel continues
+        it through the student's graph (hook of :class:`RemoteTensor`)."""
+        self.in_backward = True
+        try:
+            self.request("backward", tensor, (grad.detach(),))
+        finally:
+            self.in_backward = False
 
     def _mirrored(self, value: Any) -> Any:
         """Leaf tensors that need gradients travel as mirrors (their .grad comes back);
         our modules as twins (their state comes back)."""
-        if isinstance(value, RemoteObject):    # before any isinstance that asks its __class__
+        if isinstance(value, (RemoteObject, RemoteTensor)):    # before any isinstance that asks its __class__
             return value
-        if isinstance(value, torch.Tensor) and not isinstance(value, RemoteTensor):
+        if isinstance(value, torch.Tensor):
             if value.requires_grad and value.is_leaf:
                 number = self._mirror_numbers.setdefault(id(value), next(_NUMBERS))
                 self.mirrors[number] = value      # kept alive, so its id stays its own
                 return _MirrorToken(number, value.detach())
-            return value
+            # a tensor computed here from the kernel's: its values (its graph stays here)
+            return value.detach() if value.requires_grad else value
         if isinstance(value, torch.nn.Module):
             number = self._twin_numbers.setdefault(id(value), next(_NUMBERS))
             self.twins[number] = value
@@ -159,14 +206,7 @@ class Channel:
                 module, path = self.twins[int(value["__twin__"])], str(value.get("path", ""))
                 return module.get_parameter(path) if value.get("kind") == "parameter" else module.get_submodule(path)
             if "__ref__" in value:
-                number = int(value["__ref__"])
-                if number not in self.objects:
-                    kind = RemoteTensor if value.get("tensor") else RemoteObject
-                    self.objects[number] = kind(self, number, "", value.get("bases") or [], str(value.get("type", "")))
-                    if kind is RemoteTensor and isinstance(value.get("shape"), (tuple, list)):
-                        self.objects[number]._set_meta(torch.Size(value["shape"]), value.get("dtype"),
-                                                       str(value.get("device", "cpu")))
-                return self.objects[number]
+                return self._reference(int(value["__ref__"]), value)
             if "__dict__" in value:
                 return {self._key(self.decode(k)): self.decode(v) for k, v in value["__dict__"]}
             for name, kind in (("__list__", list), ("__tuple__", tuple), ("__set__", set), ("__frozenset__", frozenset)):
@@ -175,6 +215,23 @@ class Channel:
                     return kind(self._key(i) for i in items) if kind in (set, frozenset) else kind(items)
             return {k: self.decode(v) for k, v in value.items()}
         return value
+
+    def _reference(self, number: int, info: dict) -> Any:
+        """The stand-in of kernel object ``number``: one per object, so ``is`` works; a tensor's
+        values, sent with every reference to it, refresh its stand-in."""
+        values = info.get("value")
+        if info.get("tensor") and isinstance(values, torch.Tensor) and (values.is_floating_point() or values.is_complex()):
+            known = self.objects.get(number)
+            if isinstance(known, RemoteTensor):
+                known._refresh_with(values, self.generation)
+                return known
+            bases = [str(b) for b in info.get("bases") or []]
+            kind = RemoteParameter if "torch.nn.parameter:Parameter" in bases else RemoteTensor
+            self.objects[number] = kind(values, self, number)
+            return self.objects[number]
+        if number not in self.objects:
+            self.objects[number] = RemoteObject(self, number, "", info.get("bases") or [], str(info.get("type", "")))
+        return self.objects[number]
 
     @staticmethod
     def _key(value: Any) -> Any:
@@ -226,7 +283,7 @@ def _local_class(bases: list[str]) -> type:
                 obj: Any = importlib.import_module(module)
                 for part in qualname.split("."):
                     obj = getattr(obj, part)
-                if isinstance(obj, type):
+                if isinstance(obj, type) and not issubclass(obj, torch.Tensor):   # tensors come as data
                     return obj
             except Exception:  # noqa: BLE001 - an unknown base is simply not used
                 continue
@@ -311,66 +368,72 @@ class RemoteObject:
         return self is other
 
 
-def _binary(op: Callable, reflected: bool = False):
-    def method(self, other):
-        args = (other, self) if reflected else (self, other)
-        return self._channel.request("function", op, args, {})
-    return method
+class RemoteTensor(torch.Tensor):
+    """A tensor of the student's that carries a gradient graph in the kernel.
 
+    Here it is a leaf holding a copy of its values: every operation a check applies to it
+    (a comparison, arithmetic, ``allclose``) runs in this process, on those values; nothing
+    is asked of the kernel but the values themselves. When this process's backward pass
+    reaches it, its gradient (plain data) goes to the kernel, which continues the pass
+    through the student's graph; ``.grad`` and ``data_ptr()`` are read from the kernel's
+    tensor. Its values are fetched again when the student's code has run since."""
 
-class RemoteTensor(RemoteObject):
-    """A tensor that stays in the kernel because it carries a gradient graph."""
+    @staticmethod
+    def __new__(cls, values: torch.Tensor, channel: Channel, number: int) -> "RemoteTensor":
+        self = torch.Tensor._make_subclass(cls, values, True)
+        self._channel, self._number, self._generation = channel, number, channel.generation
+        self.register_hook(self._to_kernel)
+        return self
 
-    __slots__ = ()
+    def _to_kernel(self, grad: torch.Tensor) -> None:
+        self._channel.backward(self, grad)
+
+    def __reduce_ex__(self, protocol: int):
+        return (probe.resolve, (self._number, ""))
+
+    def _refresh_with(self, values: torch.Tensor, generation: int) -> None:
+        with torch._C.DisableTorchFunctionSubclass(), torch.no_grad():
+            if values.shape == self.shape and values.dtype == self.dtype:
+                torch.Tensor.copy_(self, values)
+            else:
+                self.data = values
+        self._generation = generation
+
+    def _fresh(self) -> None:
+        if self._generation != self._channel.generation:    # the student's code ran since
+            self._generation = self._channel.generation
+            self._channel.request("value", self)             # the reply refreshes us (decode)
 
     @classmethod
     def __torch_function__(cls, func, types, args=(), kwargs=None):
-        channel = next(a._channel for a in _flatten((args, kwargs)) if isinstance(a, RemoteObject))
-        # Only a gradient graph needs the kernel: without one, or when writing into one of
-        # our own tensors (conv.weight.copy_(student.weight)), run here on the values.
-        name = getattr(func, "__name__", "")
-        in_place = name.endswith("_") and not name.endswith("__") or "out" in (kwargs or {})
-        if not torch.is_grad_enabled() or (in_place and args and not isinstance(args[0], RemoteObject)):
-            return func(*_materialise(args), **_materialise(kwargs or {}))
-        try:
-            cloudpickle.dumps(func)
-        except Exception:  # noqa: BLE001 - a function that cannot travel runs here on the values
-            return func(*_materialise(args), **_materialise(kwargs or {}))
-        return channel.request("function", func, args, kwargs or {})
+        kwargs = kwargs or {}
+        ours = [t for t in probe.tensor_leaves((args, kwargs)) if isinstance(t, RemoteTensor)]
+        with torch._C.DisableTorchFunctionSubclass():
+            for tensor in ours:
+                tensor._fresh()
+            before = [(t._version, torch.Tensor.data_ptr(t)) for t in ours]
+            result = func(*args, **kwargs)
+            # A check that writes into the student's tensor (``layer.weight.copy_(w)`` under
+            # no_grad) writes the kernel's too: the new values travel, as data.
+            for tensor, (version, pointer) in zip(ours, before):
+                if tensor._version != version or torch.Tensor.data_ptr(tensor) != pointer:
+                    tensor._push()
+        return result
 
-    def _set_meta(self, shape: torch.Size, dtype: Any, device: str) -> None:
-        if isinstance(dtype, torch.dtype):
-            self._meta.update(shape=shape, dtype=dtype, device=torch.device(device), ndim=len(shape))
+    def _push(self) -> None:
+        self._channel.request("assign", self, (torch.Tensor.detach(self).clone(),))
+        self._generation = self._channel.generation
 
-    def __getattr__(self, name: str) -> Any:
-        meta = object.__getattribute__(self, "_meta")
-        if name in meta:   # shape, dtype, device, ndim: fixed for a tensor that keeps its graph
-            return meta[name]
-        return super().__getattr__(name)
+    @property
+    def grad(self) -> Any:
+        return self._channel.request("getattr", self, ("grad",))
 
-    def detach(self) -> torch.Tensor:
-        return self._do("detach")
+    @grad.setter
+    def grad(self, value: Any) -> None:
+        self._channel.request("setattr", self, ("grad", value))
 
-    def _plain(self) -> torch.Tensor:
-        return self.detach()
-
-    __add__, __radd__ = _binary(operator.add), _binary(operator.add, True)
-    __sub__, __rsub__ = _binary(operator.sub), _binary(operator.sub, True)
-    __mul__, __rmul__ = _binary(operator.mul), _binary(operator.mul, True)
-    __truediv__, __rtruediv__ = _binary(operator.truediv), _binary(operator.truediv, True)
-    __matmul__, __rmatmul__ = _binary(operator.matmul), _binary(operator.matmul, True)
-    __pow__ = _binary(operator.pow)
-    __lt__, __le__ = _binary(operator.lt), _binary(operator.le)
-    __gt__, __ge__ = _binary(operator.gt), _binary(operator.ge)
-    __eq__ = _binary(operator.eq)
-    __ne__ = _binary(operator.ne)
-    __hash__ = RemoteObject.__hash__
-
-    def __neg__(self):
-        return self._channel.request("function", operator.neg, (self,), {})
-
-    def __abs__(self):
-        return self._channel.request("function", operator.abs, (self,), {})
+    def data_ptr(self) -> int:
+        return int(self._channel.request("call", self._channel.request("getattr", self, ("data_ptr",))))
 
     def __float__(self) -> float:
         return float(self.detach())
@@ -378,29 +441,12 @@ class RemoteTensor(RemoteObject):
     def __int__(self) -> int:
         return int(self.detach())
 
-    def __index__(self) -> int:
-        return operator.index(self.detach())
+    def __repr__(self, *args: Any, **kwargs: Any) -> str:
+        return repr(self.detach())
 
 
-def _flatten(value: Any):
-    if isinstance(value, RemoteObject):
-        yield value
-    elif type(value) in (list, tuple):
-        for v in value:
-            yield from _flatten(v)
-    elif type(value) is dict:
-        for v in value.values():
-            yield from _flatten(v)
-
-
-def _materialise(value: Any) -> Any:
-    if isinstance(value, RemoteTensor):
-        return value.detach()
-    if type(value) in (list, tuple):
-        return type(value)(_materialise(v) for v in value)
-    if type(value) is dict:
-        return {k: _materialise(v) for k, v in value.items()}
-    return value
+class RemoteParameter(RemoteTensor, torch.nn.Parameter):
+    """A :class:`RemoteTensor` whose kernel object is an ``nn.Parameter``."""
 
 
 class TrustedNamespace(dict):
@@ -419,6 +465,23 @@ class TrustedNamespace(dict):
             return self.channel.request("value", RemoteObject(self.channel, 0, name))
         except KeyError:
             raise NameError(f"name {name!r} is not defined") from None
+
+
+def local_channel(namespace: dict, io_dir: Path, timeout: float = 600) -> Channel:
+    """A channel to a kernel-less probe in this process, with ``namespace`` as the student's
+    names: each request and reply is written and read as over the socket (pickled request
+    file, ``torch.load(weights_only=True)`` reply), so a check run through it behaves as it
+    does under ``grade``: a copy of each argument, values back, the kernel's RNG its own."""
+
+    def serve(request_path: Path, reply_path: Path, remaining: float) -> str | None:
+        probe.use_namespace(namespace)
+        try:
+            probe.serve(str(request_path), str(reply_path))
+        finally:
+            probe.use_namespace(None)
+        return None
+
+    return Channel(serve, io_dir, time.monotonic() + timeout)
 
 
 def run_judged(source: str, channel: Channel, imports: str, cwd: Path) -> str:

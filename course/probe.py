@@ -46,6 +46,26 @@ def kernel_context(factory: str, *args: Any, owner: Any = None, **kwargs: Any) -
         _ACTIVE.remove(entry)
 
 
+_PINNED_SEED: list[int] = []
+
+
+@contextlib.contextmanager
+def kernel_seed(seed: int) -> Iterator[None]:
+    """Seed the global RNG with ``seed`` here and, for the calls forwarded while the block
+    runs, in the kernel: for a check whose oracle replays the student's use of the global RNG
+    (dropout masks in a training run) from the same seed. Other calls get a seed of their own."""
+    torch.manual_seed(seed)
+    _PINNED_SEED.append(int(seed))
+    try:
+        yield
+    finally:
+        _PINNED_SEED.pop()
+
+
+def pinned_seed() -> int | None:
+    return _PINNED_SEED[-1] if _PINNED_SEED else None
+
+
 def active_contexts() -> list[tuple[int, str, tuple, dict, Any]]:
     return list(_ACTIVE)
 
@@ -90,9 +110,16 @@ def _importable_bases(obj: Any) -> list[str]:
 def _ref(obj: Any) -> dict:
     info = {"__ref__": _keep(obj), "type": type(obj).__qualname__, "bases": _importable_bases(obj),
             "callable": callable(obj), "tensor": isinstance(obj, torch.Tensor)}
-    if isinstance(obj, torch.Tensor):   # read often by checks: sent along, saves a round trip each
-        info.update(shape=tuple(obj.shape), dtype=obj.dtype, device=str(obj.device))
+    if isinstance(obj, torch.Tensor):   # its values travel too: the grader compares them, not the kernel
+        info["value"] = plain_copy(obj)
     return info
+
+
+def plain_copy(tensor: torch.Tensor) -> torch.Tensor:
+    """The values of a tensor as a plain ``torch.Tensor`` with no graph: a subclass's own
+    operators (an ``__eq__`` that always agrees) are not called, and do not travel."""
+    with torch._C.DisableTorchFunctionSubclass():
+        return torch.Tensor.detach(tensor).clone()
 
 
 def encode(value: Any, depth: int = 0) -> Any:
@@ -104,7 +131,7 @@ def encode(value: Any, depth: int = 0) -> Any:
         if value.requires_grad:       # keeps its graph and its .grad in the kernel
             return _ref(value)
         # A subclass could carry its own comparison tricks: only its values travel.
-        return value.detach().as_subclass(torch.Tensor).clone() if type(value) is not torch.Tensor else value
+        return plain_copy(value) if type(value) is not torch.Tensor else value
     if isinstance(value, PLAIN_SCALARS) or isinstance(value, (torch.dtype, torch.device, torch.Size)):
         return value
     if depth < 6 and isinstance(value, (list, tuple, dict, set, frozenset)):
@@ -150,13 +177,34 @@ def twin(number: int, module: torch.nn.Module) -> torch.nn.Module:
     return _TWINS[number]
 
 
+_NAMESPACE: list[dict] = []     # set by a kernel-less channel (tests): the student's names
+
+
+def use_namespace(namespace: dict | None) -> None:
+    """Serve requests against ``namespace`` instead of IPython's (a kernel-less channel)."""
+    _NAMESPACE[:] = [] if namespace is None else [namespace]
+
+
 def _user_namespace() -> dict:
+    if _NAMESPACE:
+        return _NAMESPACE[0]
     try:
         return get_ipython().user_ns   # type: ignore[name-defined]  # noqa: F821
     except NameError:
         import __main__
         return vars(__main__)
 
+
+def _assign(target: torch.Tensor, values: torch.Tensor) -> None:
+    """The grader wrote into one of the kernel's tensors (new weights for a student's layer)."""
+    with torch.no_grad(), torch._C.DisableTorchFunctionSubclass():
+        if target.shape == values.shape and target.dtype == values.dtype:
+            torch.Tensor.copy_(target, values)
+        else:
+            target.data = values
+
+
+_AUTOGRAD_BACKWARD = torch.autograd.backward     # taken before any check blocks it for an exercise
 
 _OPS = {
     "call": lambda target, args, kwargs: target(*args, **kwargs),
@@ -169,11 +217,13 @@ _OPS = {
     "next": lambda target, args, kwargs: next(target),
     "bool": lambda target, args, kwargs: bool(target),
     "repr": lambda target, args, kwargs: repr(target)[:2000],
-    "function": lambda target, args, kwargs: target(*args, **kwargs),   # target: a torch function
     "value": lambda target, args, kwargs: target,
     "bases": lambda target, args, kwargs: _importable_bases(target),
     "items": lambda target, args, kwargs: list(itertools.islice(iter(target), 1_000_000)),
-    "detach": lambda target, args, kwargs: target.detach(),
+    "assign": lambda target, args, kwargs: _assign(target, args[0]),
+    # The grader's backward pass reached one of the kernel's tensors: continue it through the
+    # student's graph with the gradient the grader computed (plain data).
+    "backward": lambda target, args, kwargs: _AUTOGRAD_BACKWARD([target], [args[0]], retain_graph=True),
     "release": lambda target, args, kwargs: [d.clear() for d in (_OBJECTS, _NUMBERS, _MIRRORS, _TWINS, _TWIN_PARTS)],
 }
 
@@ -197,18 +247,26 @@ def serve_loop(address: str) -> None:
 
 
 def serve(request_path: str, reply_path: str) -> None:
-    """Run one request from the grader and write the reply. Called by the grader only."""
+    """Run one request from the grader and write the reply. Called by the grader only.
+
+    The request carries no RNG state: the student's code draws from a global RNG seeded
+    with the request's ``seed`` (a number the grader drew for this call alone), inside a
+    fork, so the kernel's own stream is left as it was."""
     import cloudpickle  # noqa: F401  (requests may hold closures pickled by cloudpickle)
     import pickle
 
     reply: dict[str, Any] = {}
     entered = []
+    arguments: list[torch.Tensor] = []
     try:
         with open(request_path, "rb") as f:
             request = pickle.load(f)   # references and mirrors resolve while unpickling
-        torch.set_rng_state(request["rng"])
         target, args, kwargs = request["target"], request["args"], request["kwargs"]
+        arguments = tensor_leaves((args, kwargs))
+        before = [(t._version, plain_copy(t)) for t in arguments]
         with contextlib.ExitStack() as stack:
+            stack.enter_context(torch.random.fork_rng(devices=_rng_devices()))
+            torch.manual_seed(int(request["seed"]))
             # Each call shows its warnings afresh (as a kernel request of its own would), so
             # that a warning is shown under the visible test that caused it.
             stack.enter_context(warnings.catch_warnings())
@@ -219,14 +277,52 @@ def serve(request_path: str, reply_path: str) -> None:
             stack.enter_context(torch.set_grad_enabled(request["grad"]))
             value = _OPS[request["op"]](target, args, kwargs)
         reply["value"] = encode(value)
+        reply["changed"] = _changed_arguments(arguments, before)
     except StopIteration:
         reply["stop"] = True
     except BaseException as err:  # noqa: BLE001 - everything the student's code raises goes back
         reply["error"] = {"type": type(err).__name__, "bases": [k.__name__ for k in type(err).__mro__],
                           "message": str(err)[:4000],
                           "traceback": "".join(traceback.format_exception(err))[-6000:]}
-    reply["rng"] = torch.get_rng_state()
     reply["contexts"] = {number: obj.remote_state() for number, obj in entered if hasattr(obj, "remote_state")}
-    reply["grads"] = {n: (t.grad.detach().clone() if t.grad is not None else None) for n, t in _MIRRORS.items()}
-    reply["twins"] = {n: {k: v.detach().clone() for k, v in m.state_dict().items()} for n, m in _TWINS.items()}
+    reply["grads"] = _gradient_increments()
+    reply["twins"] = {n: {k: plain_copy(v) for k, v in m.state_dict().items()} for n, m in _TWINS.items()}
     torch.save(reply, reply_path)
+
+
+def tensor_leaves(value: Any) -> list[torch.Tensor]:
+    """The tensors among a call's arguments, in one fixed order (lists, tuples and dicts
+    walked as the grader walks them), so both sides number them alike."""
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if type(value) in (list, tuple):
+        return [t for v in value for t in tensor_leaves(v)]
+    if type(value) is dict:
+        return [t for v in value.values() for t in tensor_leaves(v)]
+    return []
+
+
+def _changed_arguments(arguments: list[torch.Tensor], before: list) -> list[tuple[int, torch.Tensor]]:
+    """The arguments the student's code changed in place, by position, with their values now:
+    the grader applies them to its own objects, as a call in its own process would."""
+    changed = []
+    for index, (tensor, (version, values)) in enumerate(zip(arguments, before)):
+        now = plain_copy(tensor)
+        if tensor._version != version or now.shape != values.shape or not torch.equal(now, values):
+            changed.append((index, now))
+    return changed
+
+
+def _gradient_increments() -> dict[int, torch.Tensor | None]:
+    """What the grader's leaf tensors gained in ``.grad`` since the last reply (then cleared
+    here, so the grader adds each increment once to its own ``.grad``)."""
+    out = {}
+    for number, tensor in _MIRRORS.items():
+        if tensor.grad is not None:
+            out[number] = plain_copy(tensor.grad)
+            tensor.grad = None
+    return out
+
+
+def _rng_devices() -> list[int]:
+    return list(range(torch.cuda.device_count())) if torch.cuda.is_available() and torch.cuda.is_initialized() else []

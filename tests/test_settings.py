@@ -76,7 +76,7 @@ def test_kernel_threads_follow_the_environment_when_set(monkeypatch):
         assert thread_environment(None) == {} and threads_per_worker(1) == cores()
 
 
-def test_the_grading_seed_file_is_never_seen_half_written(tmp_path):
+def test_the_grading_secret_file_is_never_seen_half_written(tmp_path):
     """Parallel workers open the course tree at once: a worker that rewrote the seed file in
     place (truncate, then write) let another read an empty file (CI saw the first submission
     of a batch lose its row that way). An unchanged seed leaves the file alone; a new one
@@ -87,8 +87,9 @@ def test_the_grading_seed_file_is_never_seen_half_written(tmp_path):
 
     tree = types.SimpleNamespace(root=tmp_path, settings=types.SimpleNamespace(seed=None))
     seed = CourseTree.grading_seed(tree)
-    path = tmp_path / "grading-seed"
+    path = tmp_path / "grading-secret"
     before = path.stat()
+    assert seed.bit_length() > 200 and before.st_mode & 0o077 == 0     # 256 random bits, the grader's alone
     assert CourseTree.grading_seed(tree) == seed
     after = path.stat()
     assert (after.st_ino, after.st_mtime_ns, after.st_size) == (before.st_ino, before.st_mtime_ns, before.st_size)

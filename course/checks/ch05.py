@@ -23,6 +23,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 import torch.nn.utils.clip_grad
 
+from .. import probe
 from ._core import (CheckFailed, call, earlier_answers, earlier_first, expect, expect_close, expect_tensor, fail,
                     forbid, generator, own_fault)
 from ._hidden import hidden_generator, hidden_rng, hidden_seed
@@ -1075,8 +1076,8 @@ def _resume_experiment(train, tokens, vocab, dropout, lr_pair, steps, stops, ini
     torch.manual_seed(init_seed)
     model = TinyLM(vocab, 12, dropout)
     args = dict(max_lr=lr_pair[0], min_lr=lr_pair[1], **kw)
-    torch.manual_seed(rng_seeds[0])
-    out = call(train, full_model, tokens.clone(), steps, name="train", **args)
+    with probe.kernel_seed(rng_seeds[0]):     # the reference replays dropout from this seed
+        out = call(train, full_model, tokens.clone(), steps, name="train", **args)
     expect(isinstance(out, (tuple, list)) and len(out) == 2, "train should return (losses, checkpoint).",
            "return the list of losses and the checkpoint dict.")
     full = list(out[0])
@@ -1084,12 +1085,13 @@ def _resume_experiment(train, tokens, vocab, dropout, lr_pair, steps, stops, ini
            "append loss.item() once per step and return the list.")
     pieces, checkpoint, start = [], None, 0
     for k, stop in enumerate(stops + [None]):
-        torch.manual_seed(rng_seeds[0])
         if k > 0:
             torch.manual_seed(init_seed + 7 * k)
             model = TinyLM(vocab, 12, dropout)      # a fresh model: resuming must restore it
-            torch.manual_seed(rng_seeds[k] + 1000)  # another global RNG: resuming must restore it
-        out = call(train, model, tokens.clone(), steps, resume_from=checkpoint, stop_at=stop, name="train", **args)
+        # after a stop, another global RNG: resuming must restore it
+        with probe.kernel_seed(rng_seeds[0] if k == 0 else rng_seeds[k] + 1000):
+            out = call(train, model, tokens.clone(), steps, resume_from=checkpoint, stop_at=stop, name="train",
+                       **args)
         expect(isinstance(out, (tuple, list)) and len(out) == 2, "train should return (losses, checkpoint).",
                "return the list of losses and the checkpoint dict.")
         part = list(out[0])

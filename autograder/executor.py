@@ -19,7 +19,6 @@ from __future__ import annotations
 import os
 import signal
 import time
-import traceback
 from pathlib import Path
 
 from jupyter_client.manager import AsyncKernelManager
@@ -109,6 +108,13 @@ class SandboxedKernelManager(AsyncKernelManager):
                     pass
             return
         await super()._async_interrupt_kernel()
+
+
+VERDICT_LIMIT = 20_000     # characters of a failed test's message kept in the graded notebook
+
+
+def _capped(text: str, limit: int) -> str:
+    return text if len(text) <= limit else f"{text[:limit]}\n[message cut: {len(text) - limit:,} more characters]"
 
 
 class CourseExecute(Execute):
@@ -290,8 +296,8 @@ class CourseExecute(Execute):
         except BaseException as err:  # noqa: BLE001 - every failure of a check is a verdict
             if isinstance(err, (KeyboardInterrupt, SystemExit)):
                 raise
-            verdict.append(error_output(type(err).__name__, str(err),
-                                        "".join(traceback.format_exception_only(type(err), err)).strip()))
+            message = _capped(str(err), VERDICT_LIMIT)
+            verdict.append(error_output(type(err).__name__, message, f"{type(err).__name__}: {message}"))
         finally:
             _hidden.set_grading_seed(None)
             self._end_judging(link, channel, timed_out)   # the kernel's last output arrives here
@@ -319,6 +325,11 @@ class CourseExecute(Execute):
         if not link.close(10) and self._kernel_alive():
             self.log.warning("the kernel did not stop after its time limit; killing it")
             self._stop_kernel()
+        # Let go of the kernel's output stream until the next judged cell: what an answer cell
+        # prints would otherwise pile up, unread, in this process.
+        if self._judge_client is not None:
+            self._judge_client.stop_channels()
+            self._judge_client = None
 
     def _stop_kernel(self) -> None:
         self.km.provisioner.process.send_signal(signal.SIGKILL)

@@ -31,7 +31,10 @@ import torch
 
 from course import probe
 
-MAX_REPLY_BYTES = 512 << 20
+# What the grader reads of one reply (the kernel writes it: hostile until read within these).
+MAX_REPLY_BYTES = 192 << 20      # the whole file: tensors' bytes and the pickle
+MAX_PICKLE_BYTES = 4 << 20       # the pickle alone: numbers, strings, lists; not tensor data
+MAX_REPLY_PARTS = 1_000_000      # objects decoded (a shared one each time it occurs; long strings count more)
 _NUMBERS = itertools.count(1)   # mirror and twin numbers, never reused within a grading process
 _PICKLING = [0]   # while a request is pickled, stand-ins show their own class
 
@@ -68,6 +71,7 @@ class Channel:
         self._twin_numbers: dict[int, int] = {}
         self._attributes: dict[tuple[int, str], Any] = {}   # read since the student's code last ran
         self.generation = 0          # how many times the student's code may have run
+        self._parts = 0
         self.in_backward = False
 
     def request(self, op: str, target: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
@@ -109,12 +113,7 @@ class Channel:
             raise StudentCodeError("the kernel could not run the student's code for the grader "
                                    f"({(error or 'no reply').strip().splitlines()[-1][:300]}); "
                                    "was something of the course's code replaced?")
-        size = reply_path.stat().st_size
-        if size > MAX_REPLY_BYTES:
-            reply_path.unlink()
-            raise StudentCodeError(f"the student's code returned {size:,} bytes, more than a test can read")
-        reply = torch.load(io.BytesIO(reply_path.read_bytes()), weights_only=True)
-        reply_path.unlink()
+        reply = read_reply(reply_path)
         self._absorb(reply, contexts)
         self._apply_changes(originals, reply.get("changed"))
         if reply.get("stop"):
@@ -201,6 +200,16 @@ class Channel:
         return value
 
     def decode(self, value: Any) -> Any:
+        """A reply's value with the kernel's objects as stand-ins, within :data:`MAX_REPLY_PARTS`."""
+        self._parts = 0
+        return self._decode(value)
+
+    def _decode(self, value: Any) -> Any:
+        # Shared references decode as often as they occur: a few KB could expand without bound.
+        self._parts += 1 + (len(value) >> 6 if isinstance(value, (str, bytes)) else 0)
+        if self._parts > MAX_REPLY_PARTS:
+            raise StudentCodeError(f"the student's code returned a value of more than {MAX_REPLY_PARTS:,} parts "
+                                   "(counting shared ones each time), more than a test reads")
         if isinstance(value, dict):
             if "__twin__" in value and int(value["__twin__"]) in self.twins:
                 module, path = self.twins[int(value["__twin__"])], str(value.get("path", ""))
@@ -208,12 +217,12 @@ class Channel:
             if "__ref__" in value:
                 return self._reference(int(value["__ref__"]), value)
             if "__dict__" in value:
-                return {self._key(self.decode(k)): self.decode(v) for k, v in value["__dict__"]}
+                return {self._key(self._decode(k)): self._decode(v) for k, v in value["__dict__"]}
             for name, kind in (("__list__", list), ("__tuple__", tuple), ("__set__", set), ("__frozenset__", frozenset)):
                 if name in value:
-                    items = [self.decode(v) for v in value[name]]
+                    items = [self._decode(v) for v in value[name]]
                     return kind(self._key(i) for i in items) if kind in (set, frozenset) else kind(items)
-            return {k: self.decode(v) for k, v in value.items()}
+            return {k: self._decode(v) for k, v in value.items()}
         return value
 
     def _reference(self, number: int, info: dict) -> Any:
@@ -236,6 +245,34 @@ class Channel:
     @staticmethod
     def _key(value: Any) -> Any:
         return tuple(value) if isinstance(value, list) else value
+
+
+def read_reply(path: Path) -> dict:
+    """A reply file, read with ``torch.load(weights_only=True)`` once its sizes are known to
+    be within bounds: the decoder has no limit of its own on time or memory."""
+    import zipfile
+
+    try:
+        size = path.stat().st_size
+        if size > MAX_REPLY_BYTES:
+            raise StudentCodeError(f"the student's code returned {size:,} bytes, more than a test reads "
+                                   f"({MAX_REPLY_BYTES:,})")
+        data = path.read_bytes()
+    finally:
+        path.unlink(missing_ok=True)
+    try:
+        with zipfile.ZipFile(io.BytesIO(data)) as archive:
+            entries = archive.infolist()
+    except zipfile.BadZipFile:
+        raise StudentCodeError("the kernel's reply was not in the format the grader reads") from None
+    pickled = sum(e.file_size for e in entries if e.filename.endswith(".pkl"))
+    if pickled > MAX_PICKLE_BYTES or sum(e.file_size for e in entries) > MAX_REPLY_BYTES:
+        raise StudentCodeError(f"the student's code returned a value whose description takes {pickled:,} bytes, "
+                               f"more than a test reads ({MAX_PICKLE_BYTES:,})")
+    reply = torch.load(io.BytesIO(data), weights_only=True)
+    if not isinstance(reply, dict):
+        raise StudentCodeError("the kernel's reply was not in the format the grader reads")
+    return reply
 
 
 class _MirrorToken:

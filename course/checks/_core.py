@@ -67,8 +67,15 @@ class ShortcutUsed(CheckFailed):
     """The answer called a built-in that the exercise asks you to write yourself."""
 
 
+QUOTE_LIMIT = 3000     # characters of a failure's text: what it quotes of an answer can be anything
+
+
+def _capped(text: str, limit: int = QUOTE_LIMIT) -> str:
+    return text if len(text) <= limit else f"{text[:limit]} ... [{len(text) - limit:,} more characters]"
+
+
 def fail(what: str, hint: str) -> None:
-    raise CheckFailed(f"{what}\nLikely mistake: {hint}")
+    raise CheckFailed(f"{_capped(what)}\nLikely mistake: {_capped(hint)}")
 
 
 def expect(condition: bool, what: str, hint: str) -> None:

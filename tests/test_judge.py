@@ -1,0 +1,199 @@
+"""The judge on its own: test cells run in this process against a kernel-less probe, through
+the same request and reply files as the socket to a sandboxed kernel (remote.local_channel).
+
+What these pin down: everything a check compares is compared here, on values (a tensor
+subclass's own operators never run); in-place changes to arguments come back, aliasing
+kept; gradients flow through the student's graph and back as data; the kernel's RNG is
+seeded per call, never with the grader's state; hostile replies are refused within bounds.
+"""
+
+from __future__ import annotations
+
+import pickle
+import textwrap
+
+import pytest
+import torch
+
+from autograder import remote
+from autograder.remote import StudentCodeError, local_channel, run_judged
+from course import probe
+
+STUDENT = textwrap.dedent('''
+    import torch
+    import torch.nn as nn
+
+    class Liar(torch.Tensor):
+        def __eq__(self, other):
+            return True
+
+        @classmethod
+        def __torch_function__(cls, func, types, args=(), kwargs=None):
+            return True
+
+    def lying_zeros(shape):
+        return torch.Tensor._make_subclass(Liar, torch.zeros(shape), True)
+
+    class Proxy:
+        def __eq__(self, other):
+            return True
+
+    def proxy():
+        return Proxy()
+
+    def bump(x, y):
+        x += 1
+        y.mul_(0)
+
+    class Lin(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.weight = nn.Parameter(torch.ones(2, 3))
+
+        def forward(self, x):
+            return x @ self.weight.T
+
+    def noise():
+        return torch.rand(4), torch.initial_seed(), torch.get_rng_state()
+
+    def fails():
+        raise ValueError("bad shape")
+
+    def shared_refs(depth):
+        value = ["x" * 5000]
+        for _ in range(depth):
+            value = [value, value]
+        return value
+''')
+
+
+@pytest.fixture()
+def judge(tmp_path):
+    """``judge(cell) -> what it printed``, against the student code above."""
+    namespace: dict = {}
+    exec(compile(STUDENT, "<answers>", "exec"), namespace)
+    channel = local_channel(namespace, tmp_path)
+
+    def run(cell: str) -> str:
+        return run_judged(textwrap.dedent(cell), channel, "import torch", tmp_path)
+
+    run.channel = channel
+    return run
+
+
+def test_a_subclass_that_agrees_with_everything_is_compared_on_its_values(judge):
+    printed = judge("""
+        got = lying_zeros(3)
+        print(type(got).__name__, torch.allclose(got, torch.ones(3)), bool((got == torch.ones(3)).all()),
+              torch.equal(got, torch.ones(3)))
+    """)
+    assert printed.split() == ["RemoteTensor", "False", "False", "False"]
+
+
+def test_a_proxy_never_passes_for_a_tensor_or_an_equal_value(judge):
+    printed = judge("""
+        got = proxy()
+        print(isinstance(got, torch.Tensor), got == 3, got == got)
+    """)
+    assert printed.split() == ["False", "False", "True"]
+
+
+def test_in_place_changes_come_back_with_their_aliasing(judge):
+    printed = judge("""
+        x = torch.zeros(3)
+        base = torch.ones(6)
+        bump(x, base[2:5])
+        shared = torch.ones(6)
+        bump(shared[:3], shared[1:4])     # two views of one tensor: the second sees the first's change
+        print(x.tolist(), base.tolist(), shared.tolist())
+    """)
+    assert printed.strip() == "[1.0, 1.0, 1.0] [1.0, 1.0, 0.0, 0.0, 0.0, 1.0] [2.0, 0.0, 0.0, 0.0, 1.0, 1.0]"
+
+
+def test_gradients_flow_through_the_students_graph_and_back_as_data(judge):
+    printed = judge("""
+        model = Lin()
+        x = torch.arange(6.0).reshape(2, 3).requires_grad_()
+        out = model(x)
+        (out * torch.tensor([1.0, 2.0])).sum().backward()
+        print(isinstance(model.weight, torch.nn.Parameter), model.weight.grad.tolist(), x.grad.tolist())
+        with torch.no_grad():
+            model.weight.copy_(torch.full((2, 3), 2.0))     # a check's write reaches the kernel's tensor
+        print(model(torch.ones(1, 3)).tolist())
+    """)
+    first, second = printed.strip().splitlines()
+    assert first == "True [[3.0, 5.0, 7.0], [6.0, 10.0, 14.0]] [[3.0, 3.0, 3.0], [3.0, 3.0, 3.0]]"
+    assert second == "[[6.0, 6.0]]"
+
+
+def test_the_kernel_never_sees_the_graders_rng_and_each_call_gets_its_own(judge):
+    printed = judge("""
+        torch.manual_seed(1234)
+        mine = torch.get_rng_state()
+        a, seed_a, state_a = noise()
+        b, seed_b, _ = noise()
+        torch.manual_seed(1234)
+        again, seed_again, _ = noise()
+        print(seed_a != 1234, not torch.equal(state_a, mine), not torch.equal(a, b), torch.equal(a, again))
+        with __import__("course.probe").probe.kernel_seed(77):
+            _, pinned, _ = noise()
+        print(pinned)
+    """)
+    assert printed.split() == ["True", "True", "True", "True", "77"]
+
+
+def test_the_students_exception_comes_back_as_its_kind(judge):
+    with pytest.raises(ValueError, match="bad shape"):
+        judge("fails()")
+
+
+def test_a_reply_of_shared_references_is_refused_within_bounds(judge):
+    # What a kernel that writes its own replies can send: a few KB that decode to 2**17 lists.
+    value = {"__list__": ["x" * 5000]}
+    for _ in range(16):
+        value = {"__list__": [value, value]}
+    with pytest.raises(StudentCodeError, match="more than 1,000,000 parts"):
+        judge.channel.decode(value)
+    assert judge("print(len(shared_refs(3)))").strip() == "2"
+
+
+def test_an_oversized_or_malformed_reply_is_refused_before_it_is_decoded(tmp_path, monkeypatch):
+    reply = tmp_path / "reply.pt"
+    torch.save({"value": list(range(2_000_000))}, reply)      # a large description, no tensor data
+    with pytest.raises(StudentCodeError, match="description takes"):
+        remote.read_reply(reply)
+    assert not reply.exists()
+    reply.write_bytes(pickle.dumps({"value": 1}))                # not the format torch.save writes
+    with pytest.raises(StudentCodeError, match="format"):
+        remote.read_reply(reply)
+    monkeypatch.setattr(remote, "MAX_REPLY_BYTES", 3000)
+    torch.save({"value": torch.zeros(1000)}, reply)
+    with pytest.raises(StudentCodeError, match="bytes"):
+        remote.read_reply(reply)
+    torch.save({"value": 3}, reply)
+    assert remote.read_reply(reply) == {"value": 3}
+
+
+def test_a_failure_quotes_at_most_its_limit():
+    from course.checks._core import QUOTE_LIMIT, CheckFailed, fail
+
+    with pytest.raises(CheckFailed) as caught:
+        fail("got " + repr(["y" * 5000] * 2000), "x" * 10)
+    assert len(str(caught.value)) < QUOTE_LIMIT + 200 and "more characters" in str(caught.value)
+
+
+def test_hidden_inputs_depend_on_the_secret_and_the_answers_only():
+    import nbformat
+
+    from autograder.contract import submission_seed
+    from notebook_tools import ROOT, grade_id
+
+    nb = nbformat.read(ROOT / "solutions" / "ch01_embeddings" / "ch01_embeddings.ipynb", as_version=4)
+    seed = submission_seed(7, nb)
+    assert submission_seed(7, nb) == seed and submission_seed(8, nb) != seed
+    nb.cells[0].source += "\n# a comment in the set-up cell"          # not an answer: same inputs
+    assert submission_seed(7, nb) == seed
+    answer = next(c for c in nb.cells if grade_id(c) == "ex1_answer")
+    answer.source += "\n# a changed answer"
+    assert submission_seed(7, nb) != seed
+    assert probe.pinned_seed() is None

@@ -6,23 +6,29 @@ What the kernel sees (everything else of the machine is absent):
   only ``course/`` (no ``solutions/``, ``autograder/``, gradebook, release or source trees,
   nor anyone else's submission);
 - ``/etc``, ``/usr`` and the system libraries, read-only;
-- an empty HOME (so no IPython start-up files from an earlier student), an empty /tmp and
-  an empty working folder, all made for this submission alone and deleted afterwards;
+- an empty HOME (so no IPython start-up files from an earlier student) holding an empty
+  working folder, and an empty /tmp: two fresh tmpfs, each bounded in bytes and in files
+  (:attr:`Limits.disk_bytes`, :attr:`Limits.disk_files`; set by :mod:`.sandbox_init`), gone
+  with the sandbox;
 - the folder of its kernel's sockets (Unix sockets: the network namespace is empty);
 - GPU device nodes only when grading on a GPU (:func:`gpu_binds`), with ``/sys`` read-only,
   which the CUDA driver reads when it starts.
 
 Namespaces: its own user, PID (it cannot see or signal the grader), network (none), IPC,
-UTS and cgroup namespaces; ``--die-with-parent`` and ``--new-session``. Limits, set with
-``prlimit`` before bubblewrap starts: memory (``RLIMIT_DATA``, which counts every
-private allocation, so ``torch.empty`` fails instead of the machine swapping), processes
-(``RLIMIT_NPROC``; as root, bubblewrap sets up the mounts and the kernel then drops to the
-``nobody`` user with no capabilities, since root is exempt from process limits), the size of any file it writes, and open files. Output size is limited by the
-executor, time by the per-cell limits.
+UTS and cgroup namespaces; ``--die-with-parent`` and ``--new-session``; no locks, file
+notifications or new namespaces (:mod:`.sandbox_filter`), so that files two sandboxes
+both read carry nothing from one to the other. Limits, set with ``prlimit`` before
+bubblewrap starts: memory (``RLIMIT_DATA``, which counts every private allocation, so
+``torch.empty`` fails instead of the machine swapping), processes (``RLIMIT_NPROC``, which
+Linux counts per user id: as root, bubblewrap sets up the mounts and the kernel then drops,
+with no capabilities, to a user id that no other live sandbox on the machine holds,
+:mod:`.sandbox_ids`), the size of any file it writes, and open files. Output size is
+limited by the executor, time by the per-cell limits.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 import sys
@@ -30,10 +36,9 @@ import sysconfig
 from dataclasses import dataclass, field
 from pathlib import Path
 
-NOBODY = 65534
-# Parallel workers run their kernels under distinct unprivileged ids (as root), so that one
-# sandbox's processes never count against another's RLIMIT_NPROC.
-WORKER_UIDS = 61000
+from . import sandbox_filter, sandbox_ids
+
+SETUP = Path(__file__).with_name("sandbox_init.py")   # the sandbox's first process (its text)
 SANDBOX_HOME = "/home/student"
 SANDBOX_WORK = "/home/student/work"
 
@@ -45,8 +50,10 @@ class SandboxUnavailable(RuntimeError):
 @dataclass(frozen=True)
 class Limits:
     memory_bytes: int = 4 << 30          # RLIMIT_DATA
-    processes: int = 256                 # RLIMIT_NPROC (per user: the kernel and its threads)
+    processes: int = 256                 # RLIMIT_NPROC (per user id: the kernel and its threads)
     file_bytes: int = 256 << 20          # RLIMIT_FSIZE: the largest file it may write
+    disk_bytes: int = 512 << 20          # HOME and /tmp together (tmpfs: held in memory)
+    disk_files: int = 1 << 15            # files and folders in HOME and /tmp together
     open_files: int = 1024               # RLIMIT_NOFILE
     output_bytes: int = 2 << 20          # per cell, enforced by the executor
 
@@ -56,18 +63,22 @@ def bwrap_path() -> str | None:
 
 
 def available() -> bool:
-    """True when bubblewrap exists and can create the namespaces we ask for."""
+    """True when bubblewrap exists and a sandbox made as for grading runs a command."""
     import subprocess
+    import tempfile
 
-    path = bwrap_path()
-    if not path or not sys.platform.startswith("linux"):
+    if not bwrap_path() or not sys.platform.startswith("linux"):
         return False
-    probe = [path, "--ro-bind", "/", "/", *_namespaces(), "--proc", "/proc", "--dev", "/dev",
-             *_drop_privileges(), "true"]
+    try:   # any folder will do as the course here: the probe only runs `true`
+        box = Sandbox(Path(tempfile.mkdtemp(prefix="course-sandbox-probe-")), Path(__file__).parent)
+    except (OSError, RuntimeError):
+        return False
     try:
-        return subprocess.run(probe, capture_output=True, timeout=20).returncode == 0
+        return subprocess.run([*box.prefix(), "true"], capture_output=True, timeout=20).returncode == 0
     except (OSError, subprocess.SubprocessError):
         return False
+    finally:
+        box.cleanup()
 
 
 def explain_unavailable() -> str:
@@ -80,13 +91,7 @@ def explain_unavailable() -> str:
             "`sysctl kernel.unprivileged_userns_clone=1` or run the grader as root")
 
 
-def sandbox_uid(worker: int | None) -> int:
-    """The id a kernel runs under as root: ``nobody`` for a single grader, else one id per
-    worker (no file on the host belongs to these ids)."""
-    return NOBODY if worker is None else WORKER_UIDS + worker
-
-
-def _drop_privileges(uid: int = NOBODY) -> list[str]:
+def _drop_privileges(uid: int) -> list[str]:
     """As root, the kernel drops to an unprivileged id inside the sandbox (bubblewrap needs
     root to read the host paths it binds; process limits do not apply to root)."""
     if os.geteuid() == 0:
@@ -96,14 +101,37 @@ def _drop_privileges(uid: int = NOBODY) -> list[str]:
 
 
 def _namespaces() -> list[str]:
-    if os.geteuid() == 0:   # root needs no user namespace, and nobody must stay unmapped-free
+    if os.geteuid() == 0:   # root needs no user namespace: the kernel's id is a real one
         return ["--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts", "--unshare-cgroup-try"]
     return ["--unshare-all"]
 
 
+@functools.cache
+def _sizes_tmpfs() -> bool:
+    """Whether this bubblewrap sizes a tmpfs (``--size``; 0.8.0 does)."""
+    import subprocess
+
+    try:
+        shown = subprocess.run([bwrap_path(), "--help"], capture_output=True, text=True, timeout=20).stdout
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return "--size" in shown
+
+
+def _setup_step(uid: int, limits: Limits) -> list[str]:
+    """As root, the sandbox's first process (:mod:`.sandbox_init`) bounds its two tmpfs in
+    bytes and in files, then drops to ``uid``. Without root, only bubblewrap's ``--size``
+    bounds them (a user namespace may not remount them), and the ids are the user's."""
+    if os.geteuid() != 0:
+        return []
+    return [sys.executable, "-I", "-S", "-c", SETUP.read_text(encoding="utf-8"), str(uid),
+            str(limits.disk_bytes // 2), str(limits.disk_files // 2), SANDBOX_HOME, SANDBOX_WORK, "--",
+            *_drop_privileges(uid)]
+
+
 def _process_allowance(limit: int) -> int:
-    """RLIMIT_NPROC counts every process of the user: as root the kernel is ``nobody``
-    alone, otherwise the user's other processes count too."""
+    """RLIMIT_NPROC counts every process of the user id: as root the kernel's id is the
+    sandbox's alone, otherwise the user's other processes count too."""
     if os.geteuid() == 0:
         return limit
     uid, mine = os.getuid(), 0
@@ -163,9 +191,10 @@ def gpu_binds(dev: Path | str = "/dev", sys_dir: Path | str = "/sys") -> list[st
 class Sandbox:
     """The folders of one submission's sandbox, and the command that runs a kernel in it.
 
-    ``root`` is a fresh folder on the host: ``home/``, ``tmp/``, ``io/`` (requests and
-    replies of the trusted side) and ``sockets/`` (the kernel's connection). ``course_dir``
-    is the ``course`` package, the only part of the repository the kernel may read.
+    ``root`` is a fresh folder on the host: ``io/`` (requests and replies of the trusted
+    side), ``sockets/`` (the kernel's connection) and the seccomp program. ``course_dir``
+    is the ``course`` package, the only part of the repository the kernel may read. As
+    root, the sandbox holds a user id of its own (``uid``) from creation to :meth:`cleanup`.
     """
 
     root: Path
@@ -173,16 +202,23 @@ class Sandbox:
     limits: Limits = field(default_factory=Limits)
     gpu: bool = False
     env: dict[str, str] = field(default_factory=dict)
-    uid: int = NOBODY                    # as root: the id the kernel runs under
+    uid: int = field(init=False)         # the id the kernel runs under
+    _lease: sandbox_ids.IdLease | None = field(init=False, default=None, repr=False)
 
     def __post_init__(self) -> None:
         self.root = Path(self.root).resolve()
-        for name in ("home", "home/work", "tmp", "io", "sockets"):
+        for name in ("io", "sockets"):
             (self.root / name).mkdir(parents=True, exist_ok=True)
-        if os.geteuid() == 0:  # the kernel runs as nobody: let it write its own folders
-            for name in ("home", "home/work", "tmp", "io", "sockets"):
+        self.uid = os.getuid()
+        if os.geteuid() == 0:  # the kernel runs under its own id: let it write its own folders
+            self._lease = sandbox_ids.lease()
+            self.uid = self._lease.uid
+            for name in ("io", "sockets"):
                 os.chown(self.root / name, self.uid, self.uid)
             os.chmod(self.root, 0o755)
+        program = sandbox_filter.program()
+        if program is not None:
+            (self.root / "seccomp.bpf").write_bytes(program)
 
     @property
     def io_dir(self) -> Path:
@@ -198,20 +234,37 @@ class Sandbox:
         bwrap = bwrap_path()
         if not bwrap:
             raise SandboxUnavailable(explain_unavailable())
-        lim = self.limits
+        lim, program = self.limits, self.root / "seccomp.bpf"
         cmd = [shutil.which("prlimit") or "prlimit", f"--data={lim.memory_bytes}", f"--nproc={_process_allowance(lim.processes)}",
                f"--fsize={lim.file_bytes}", f"--nofile={lim.open_files}", "--core=0", "--"]
+        if program.exists():   # bubblewrap reads the program from a descriptor: open it as 3
+            cmd = ["/bin/sh", "-c", 'exec "$@" 3<"$0"', str(program), *cmd]
         cmd += [bwrap, *_namespaces(), "--die-with-parent", "--new-session", "--clearenv",
                 "--proc", "/proc", "--dev", "/dev"]
+        if program.exists():
+            cmd += ["--seccomp", "3"]
         for d in _system_dirs():
             cmd += ["--ro-bind", d, d]
+        cmd += self._binds()
+        cmd += ["--chdir", SANDBOX_WORK]
+        if self.gpu:
+            cmd += gpu_binds()
+        for key, value in self.environment().items():
+            cmd += ["--setenv", key, value]
+        # Its own process group: ipykernel interrupts a running cell by signalling its group
+        # (the sandbox's first process belongs to root, out of the kernel's reach).
+        return cmd + ["--", *_setup_step(self.uid, lim), shutil.which("setsid") or "/usr/bin/setsid"]
+
+    def _binds(self) -> list[str]:
+        """The sandbox's own tmpfs at /tmp and HOME, then the host folders it reads or
+        shares with the grader."""
         course = Path(self.course_dir).resolve()
         binds = [d for d in _python_roots() if d.exists() and not any(str(d).startswith(s + "/") for s in _system_dirs())]
-        # Folders above a bound path are made by bubblewrap; as nobody the kernel must be able
-        # to pass through them (on the host, /root is closed to it).
         # /tmp and HOME first: the folders below may live under the host's /tmp.
-        cmd += ["--bind", str(self.root / "tmp"), "/tmp", "--perms", "0755", "--dir", "/home",
-                "--bind", str(self.root / "home"), SANDBOX_HOME]
+        size = ["--size", str(self.limits.disk_bytes // 2)] if _sizes_tmpfs() else []
+        cmd = [*size, "--tmpfs", "/tmp", "--dir", "/home", *size, "--tmpfs", SANDBOX_HOME, "--dir", SANDBOX_WORK]
+        # Folders above a bound path are made by bubblewrap; the kernel must be able to pass
+        # through them (on the host, /root is closed to it).
         parents = sorted({p for d in [*binds, course, self.io_dir, self.socket_dir] for p in d.parents
                           if str(p) not in ("/", "/tmp", "/home", *_system_dirs())}, key=lambda p: len(p.parts))
         for p in parents:
@@ -219,16 +272,7 @@ class Sandbox:
         for d in binds:
             cmd += ["--ro-bind", str(d), str(d)]
         cmd += ["--ro-bind", str(course), str(course)]
-        cmd += ["--bind", str(self.io_dir), str(self.io_dir),
-                "--bind", str(self.socket_dir), str(self.socket_dir),
-                "--chdir", SANDBOX_WORK]
-        if self.gpu:
-            cmd += gpu_binds()
-        for key, value in self.environment().items():
-            cmd += ["--setenv", key, value]
-        # Its own process group: ipykernel interrupts a running cell by signalling its group
-        # (the sandbox's first process belongs to root, out of the kernel's reach).
-        return cmd + ["--"] + _drop_privileges(self.uid) + [shutil.which("setsid") or "/usr/bin/setsid"]
+        return cmd + ["--bind", str(self.io_dir), str(self.io_dir), "--bind", str(self.socket_dir), str(self.socket_dir)]
 
     def environment(self) -> dict[str, str]:
         """The kernel's whole environment: nothing of the grader's leaks in."""
@@ -245,4 +289,8 @@ class Sandbox:
         return env
 
     def cleanup(self) -> None:
+        """Remove the folders, then give the user id back (its kernel has ended)."""
         shutil.rmtree(self.root, ignore_errors=True)
+        if self._lease is not None:
+            self._lease.release()
+            self._lease = None

@@ -9,8 +9,9 @@ main process, which writes ``grades.csv`` as each arrives and sorts it at the en
 CSV and every score are those of one worker; only the order of the terminal lines differs.
 
 Cores are shared out: each worker's kernels and judge get ``cores // workers`` threads.
-As root, each worker's kernels run under an id of their own (:func:`sandbox.sandbox_uid`),
-so one submission's processes never count against another's process limit.
+As root, each kernel runs under a user id that no other live sandbox on the machine holds
+(:mod:`autograder.sandbox_ids`), so one submission's processes never count against
+another's process limit, in this run or in another.
 
 A worker that dies (killed, out of memory) takes with it only the submissions it was
 grading: they are graded again in a fresh pool, at most :data:`MAX_ATTEMPTS` times, then
@@ -37,7 +38,7 @@ KILL_ENV = "COURSE_GRADER_KILL_WORKER"
 
 _grader = None      # the worker process's own Grader
 _running: Path | None = None
-_number = 0         # the worker's number (its sandbox uid)
+_number = 0         # the worker's number
 _threads = 1
 
 

@@ -18,11 +18,12 @@ from nbgrader.apps import NbGraderAPI
 from nbgrader.coursedir import CourseDirectory
 from nbgrader.preprocessors import (AssignLatePenalties, CheckCellMetadata, GetGrades,
                                     IgnorePattern, LimitOutput, SaveAutoGrades)
-from nbconvert.preprocessors import ClearMetadataPreprocessor, CSSHTMLHeaderPreprocessor
+from nbconvert.preprocessors import ClearMetadataPreprocessor
 from traitlets.config import Config
 
 from . import contract
 from .executor import CourseExecute
+from .feedback import FeedbackExporter
 from .preprocessors import HideHiddenTests, StderrIsNotFailure
 from .runlog import write_atomic
 from .sandbox import Limits, Sandbox, SandboxUnavailable, available, explain_unavailable, sandbox_uid
@@ -70,8 +71,39 @@ def nbgrader_config(root: Path, settings: GradingSettings) -> Config:
         CourseExecute, StderrIsNotFailure, IgnorePattern, ClearMetadataPreprocessor,
         LimitOutput, SaveAutoGrades, AssignLatePenalties, CheckCellMetadata,
     ]
-    c.GenerateFeedback.preprocessors = [HideHiddenTests, GetGrades, CSSHTMLHeaderPreprocessor]
+    c.GenerateFeedback.preprocessors = [HideHiddenTests, GetGrades]
+    c.GenerateFeedback.exporter_class = FeedbackExporter
+    c.FeedbackExporter.bundle_assets = False     # the grader links MathJax in (grade._write_feedback)
     return c
+
+
+CONFIG_FILE = '''\
+"""nbgrader's settings for this course tree, for an instructor's own nbgrader commands here.
+
+Written by the course's grader (autograder/coursetree.py) with every grading run. Grade with
+`python -m autograder grade`: it runs each kernel in a sandbox and judges the tests outside
+it, which `nbgrader autograde` alone does not. `nbgrader generate_feedback` writes the
+course's feedback page (autograder/feedback.py): hidden tests hidden, nothing from a
+submission run, MathJax beside each page.
+"""
+
+c = get_config()  # noqa: F821 - nbgrader defines it when it reads this file
+c.CourseDirectory.course_id = {course_id!r}
+c.ClearSolutions.code_stub = {{"python": {stub!r}}}
+c.GenerateFeedback.preprocessors = ["autograder.preprocessors.HideHiddenTests",
+                                    "nbgrader.preprocessors.GetGrades"]
+c.GenerateFeedback.exporter_class = "autograder.feedback.FeedbackExporter"
+'''
+
+
+def write_config_file(root: Path) -> Path:
+    """``nbgrader_config.py`` in the course tree: without it every nbgrader command there
+    warns, and ``nbgrader generate_feedback`` used nbgrader's page, hidden tests and all."""
+    path = Path(root) / "nbgrader_config.py"
+    text = CONFIG_FILE.format(course_id=COURSE_ID, stub=STUB)
+    if not path.is_file() or path.read_text(encoding="utf-8") != text:   # parallel workers: write once
+        write_atomic(path, text)
+    return path
 
 
 THREADS_ENV = "COURSE_KERNEL_THREADS"    # CPU threads per kernel, when the default is not wanted
@@ -114,6 +146,8 @@ class CourseTree:
                 f"cannot grade in a sandbox: {explain_unavailable()}. To grade without one (your own "
                 "notebooks, never students'), pass --unsandboxed.")
         config = nbgrader_config(self.root, settings)
+        self.root.mkdir(parents=True, exist_ok=True)
+        write_config_file(self.root)
         config.CourseExecute.grading_seed = self.grading_seed()
         if not settings.unsandboxed:
             config.CourseExecute.sandbox_factory = self.new_sandbox

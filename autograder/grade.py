@@ -43,7 +43,6 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import hashlib
-import html
 import json
 import os
 import re
@@ -57,6 +56,7 @@ from tqdm.auto import tqdm
 
 from . import contract
 from .coursetree import CourseTree
+from .feedback import NOTES_MARK, install_assets, notes_html, render_plain
 from .runlog import CSV_COLUMNS, OutputLocked, RunLog, code_fingerprint, fingerprint, write_atomic  # noqa: F401
 from .settings import GradingSettings
 from .submission import inspect_submission, normalize_cells, restore_deleted_cells
@@ -554,6 +554,8 @@ class Grader:
             self._write_plain_feedback(row)
             return
         shutil.copytree(src, dest)
+        for folder in (src, dest):    # the tree's copy too: nbgrader's own commands skip existing pages
+            install_assets(folder, self.course_root / "feedback-static")
         for page in sorted(dest.glob("*.html")):
             if row.notes:
                 _insert_notes(page, row.notes)
@@ -565,13 +567,8 @@ class Grader:
             shutil.rmtree(dest)
         dest.mkdir(parents=True, exist_ok=True)
         page = dest / "feedback.html"
-        title = html.escape(row.assignment or row.student)
-        items = "".join(f"<li>{html.escape(n)}</li>" for n in row.notes)
-        page.write_text(
-            f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{title}</title>"
-            f"</head><body><h1>{title}: {row.score:g} / {row.max_score:g}</h1>"
-            f"<p>This submission could not be graded, so it scored zero:</p><ul>{items}</ul></body></html>",
-            encoding="utf-8", errors="backslashreplace")
+        page.write_text(render_plain(row.assignment or row.student, row.score, row.max_score, row.notes),
+                        encoding="utf-8", errors="backslashreplace")
         row.feedback.append(page)
 
 
@@ -643,14 +640,13 @@ def _last_line(text: str | None) -> str:
 
 
 def _insert_notes(page: Path, notes: list[str]) -> None:
-    """Put the grader's notes at the top of an nbgrader feedback page."""
-    items = "".join(f"<li>{html.escape(n)}</li>" for n in notes)
-    banner = ("<div class='course-grading-notes' style='border:2px solid #c60;padding:0.5em 1em;margin:1em'>"
-              f"<strong>Notes from the grader</strong><ul>{items}</ul></div>")
+    """Put the grader's notes (escaped) at the top of a feedback page, under its score."""
     text = page.read_text(encoding="utf-8")
-    at = text.find("<body")
-    at = text.find(">", at) + 1 if at >= 0 else 0
-    page.write_text(text[:at] + banner + text[at:], encoding="utf-8", errors="backslashreplace")
+    at = text.find(NOTES_MARK)
+    if at < 0:
+        at = text.find("<body")
+        at = text.find(">", at) + 1 if at >= 0 else 0
+    page.write_text(text[:at] + notes_html(notes) + text[at:], encoding="utf-8", errors="backslashreplace")
 
 
 def grade_folder(submissions: Path, out: Path, solutions_dir: Path, settings: GradingSettings,

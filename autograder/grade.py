@@ -54,10 +54,12 @@ from pathlib import Path
 from nbgrader.api import Gradebook, MissingEntry
 from tqdm.auto import tqdm
 
-from . import contract
+from . import contract, preflight
 from .coursetree import CourseTree
 from .feedback import NOTES_MARK, install_assets, notes_html, render_plain
-from .runlog import CSV_COLUMNS, OutputLocked, RunLog, code_fingerprint, fingerprint, write_atomic  # noqa: F401
+from .preflight import GraderBroken, SetupFailed  # noqa: F401 - GraderBroken: part of the API
+from .runlog import (CSV_COLUMNS, OutputLocked, RunLog, code_fingerprint, fingerprint, row_key,  # noqa: F401
+                     write_atomic)
 from .settings import GradingSettings
 from .submission import inspect_submission, normalize_cells, restore_deleted_cells
 from .tamper import REVIEW, scan_file
@@ -100,7 +102,8 @@ class Found:
 
     @property
     def key(self) -> tuple[str, str]:
-        return (self.student, self.assignment)
+        """The row's key in this run and the next (a non-UTF-8 name as grades.csv stores it)."""
+        return row_key(self.student, self.assignment)
 
 
 def _is_dir(path: Path) -> bool:
@@ -241,13 +244,18 @@ class Grader:
         return {"submissions": str(Path(submissions).resolve()), "solutions": fingerprint(self.solutions_dir),
                 "code": code, "settings": settings}
 
-    def _preflight(self) -> None:
+    def _preflight(self, assignments: list[str]) -> None:
         """Build a throwaway course tree, so that what stops grading (no sandbox, ...) stops it
-        before an earlier run's results in ``--out`` are replaced."""
+        before an earlier run's results in ``--out`` are replaced; then run the set-up cells of
+        ``assignments`` in a sandbox of it (:mod:`autograder.preflight`): a grader whose kernels
+        cannot import the course, read its data or use the device stops with
+        :class:`GraderBroken` instead of grading everyone zero."""
         import tempfile
 
         with tempfile.TemporaryDirectory(prefix="course-preflight-") as tmp:
-            CourseTree(Path(tmp), self.solutions_dir, self.settings)
+            tree = CourseTree(Path(tmp), self.solutions_dir, self.settings)
+            if assignments:
+                preflight.check(tree, assignments, timeout=max(120, self.settings.cell_timeout))
 
     def _start_fresh(self) -> None:
         for name in ("nbgrader", "feedback"):
@@ -302,13 +310,16 @@ class Grader:
         log.acquire()
         try:
             return self._grade_all(Path(submissions), log, show_progress)
+        except SetupFailed as err:       # the grader's own fault, found in a student's kernel
+            raise GraderBroken(str(err)) from None
         finally:
             log.release()
 
     def _grade_all(self, submissions: Path, log: RunLog, show_progress: bool) -> list[GradeRow]:
         todo = find_submissions(submissions, self.assignments, exclude=self.out)
         if not any(f.status != "skipped" for f in todo):
-            found = "; ".join(f"{f.student}/{f.assignment}: {f.reason}".replace("/: ", ": ") for f in todo[:5])
+            found = "; ".join(_printable(f"{f.student}/{f.assignment}: {f.reason}").replace("/: ", ": ")
+                              for f in todo[:5])
             raise FileNotFoundError(
                 f"No submissions under {submissions}: expected <student>/<assignment>/<notebook>.ipynb "
                 f"with assignments {', '.join(self.assignments)}" + (f" (found {found})" if found else ""))
@@ -318,7 +329,7 @@ class Grader:
         kept, pending = self._plan(todo, digests, previous, log)
         self._pool = self._early_pool(pending)
         try:
-            self._preflight()
+            self._preflight(sorted({f.assignment for f in pending if not f.status}))
             if previous is None:
                 self._start_fresh()
             self._drop_stale_feedback(previous, kept, digests)
@@ -333,7 +344,7 @@ class Grader:
         tqdm.write(f"{'student':<24} {'assignment':<22} {'score':>7} {'max':>5}  status")
         for found, row in self._graded(pending):
             bar.update(1)
-            bar.set_postfix_str(f"{found.student}/{found.assignment}")
+            bar.set_postfix_str(_printable(f"{found.student}/{found.assignment}"))
             log.append(row.csv_row(), digests[found.key])
             rows.append(row)
             tqdm.write(_printable(f"{found.student:<24} {found.assignment:<22} {row.score:>7g} {row.max_score:>5g}  "
@@ -357,7 +368,8 @@ class Grader:
                                  f"{log.fresh_reason or 'that run cannot be read'}: grade everyone again "
                                  f"(without --student)")
             kept = {k: r for k, r in (previous.rows if previous else {}).items() if k[0] != self.only_student}
-            tqdm.write(f"regrading {self.only_student}: {len(mine)} submission(s); {len(kept)} other row(s) kept")
+            tqdm.write(_printable(f"regrading {self.only_student}: {len(mine)} submission(s); "
+                                  f"{len(kept)} other row(s) kept"))
             return kept, mine
         if previous is None:
             if log.fresh_reason:
@@ -521,7 +533,9 @@ class Grader:
             row.score = float(submission.score)
 
     def _note_crashes(self, row: GradeRow, sid: str, notebooks: list[str]) -> None:
-        """Record kernel deaths and time-outs found in the autograded notebooks."""
+        """Record every stop found in the autograded notebooks: kernel deaths, time-outs, and
+        cells not run after the kernel was stopped (a lost judge connection included). A set-up
+        cell that failed before any student code ran raises :class:`SetupFailed`."""
         import nbformat
 
         for notebook in notebooks:
@@ -529,15 +543,30 @@ class Grader:
             if not path.exists():
                 continue
             nb = nbformat.read(path, as_version=4)
+            failure = preflight.setup_failure(nb)
+            if failure:
+                raise SetupFailed(preflight.broken_message(
+                    f"the set-up cell of {row.assignment}/{notebook} failed in the sandboxed kernel of "
+                    f"{_printable(row.student)} before any of the student's code ran", failure))
+            died, not_run, last = set(), {}, "the start"
             for cell in nb.cells:
                 for output in cell.get("outputs", []):
                     if output.get("output_type") != "error":
                         continue
                     if output.ename == "KernelDied":
+                        died.add(output.evalue)
                         row.notes.append(f"{notebook}: {output.evalue}; later cells scored zero")
                     elif output.ename == "CellTimeoutError":
                         grade_id = contract.grade_id(cell) or "a cell"
                         row.notes.append(f"{notebook}: {grade_id} ran past the time limit and was stopped")
+                    elif output.ename == "NotRun":
+                        reason = str(output.evalue).removeprefix("not run: ")
+                        after, count = not_run.get(reason, (last, 0))
+                        not_run[reason] = (after, count + 1)
+                if cell.get("cell_type") == "code" and contract.grade_id(cell):
+                    last = contract.grade_id(cell)
+            row.notes.extend(f"{notebook}: {count} cell(s) after {after} not run because {reason}; they scored zero"
+                             for reason, (after, count) in not_run.items() if reason not in died)
 
     def _feedback_dir(self, row: GradeRow) -> Path:
         dest = self.out / "feedback" / row.student
@@ -591,8 +620,10 @@ def submission_digest(found: Found) -> str:
 
 
 def _printable(text: str) -> str:
-    """``text`` that any terminal encoding accepts (a folder name may hold undecodable bytes)."""
-    return text.encode("utf-8", "backslashreplace").decode("utf-8")
+    """``text`` safe to print: control and format characters (a newline in a file name forged a
+    row of the grader's table; an escape sequence moves the cursor) and the undecodable bytes
+    of a folder name, written as Python escapes (``\\n``, ``\\x1b``, ``\\udce9``)."""
+    return "".join(ch if ch.isprintable() or ch == " " else ascii(ch)[1:-1] for ch in text)
 
 
 def _other_notebooks(source: Path) -> str:

@@ -39,6 +39,18 @@ DIGEST_FILE = ".grading-rows.jsonl"
 CSV_FILE = "grades.csv"
 
 
+def stored_name(text: str) -> str:
+    """A name as ``grades.csv`` holds it: the undecodable bytes of a folder name (surrogate
+    escapes) written as ``\\udcXX``, the rest as is."""
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def row_key(student: str, assignment: str) -> tuple[str, str]:
+    """The key of a row, run after run: the names as stored, so that a folder whose name is
+    not UTF-8 finds its row (and its digest) again instead of being graded on every run."""
+    return (stored_name(student), stored_name(assignment))
+
+
 class OutputLocked(ValueError):
     """Another ``grade`` run holds the lock on this ``--out``."""
 
@@ -125,7 +137,8 @@ class Previous:
         self.rows, self.digests, self.finished = rows, digests, finished
 
     def unchanged(self, digests: dict[tuple[str, str], str]) -> dict[tuple[str, str], dict]:
-        """The rows whose submission has the same digest now."""
+        """The rows whose submission has the same digest now (keys as :func:`row_key` makes them)."""
+        digests = {row_key(*key): digest for key, digest in digests.items()}
         return {key: row for key, row in self.rows.items()
                 if key in digests and self.digests.get(key) == digests[key]}
 
@@ -207,7 +220,7 @@ class RunLog:
                 student, assignment, digest = json.loads(line)
             except (ValueError, TypeError):
                 continue      # a line cut short by a kill: that row is graded again
-            digests[(student, assignment)] = digest
+            digests[row_key(student, assignment)] = digest
         return digests
 
     def start(self, identity: dict, kept: dict[tuple[str, str], dict] | None,

@@ -160,6 +160,33 @@ def test_undecodable_folder_names_do_not_stop_the_run(tmp_path):
     assert rows_of(tmp_path)[0]["student"] == "caf\\udce9"
 
 
+def test_undecodable_folder_names_keep_their_rows(tmp_path):
+    """A folder name with non-UTF-8 bytes finds its row (and digest) again on the next run."""
+    from autograder.grade import Found
+    from autograder.runlog import RunLog
+
+    name = b"caf\xe9".decode("utf-8", "surrogateescape")
+    key = Found(name, A).key
+    log = RunLog(tmp_path)
+    log.acquire()
+    log.start({}, None)
+    row = {"student": name, "assignment": A, "score": "0", "max_score": "22", "status": "broken", "notes": ""}
+    log.append(row, "d-cafe")
+    log.release()
+    log.acquire()
+    kept = log.previous({}).unchanged({key: "d-cafe"})
+    log.release()
+    assert list(kept) == [key] and kept[key]["student"] == "caf\\udce9"
+
+
+def test_printed_names_are_escaped():
+    from autograder.grade import _printable
+
+    forged = "x\nmallory    ch01_embeddings    22    22  graded\x1b[2K\u202e" + "caf\udce9"
+    assert _printable(forged) == "x\\nmallory    ch01_embeddings    22    22  graded\\x1b[2K\\u202ecaf\\udce9"
+    assert _printable("Zoë *? n2 glob[1]") == "Zoë *? n2 glob[1]"
+
+
 def test_duplicated_cells_are_repaired(tmp_path):
     from autograder.submission import normalize_cells
 
@@ -217,6 +244,28 @@ def test_folders_are_classified(tmp_path):
 
 # ============================================================================ end to end (slow)
 
+# The plain import of the reference code on a line IPython runs as code (the ? is inside a
+# string); the scan used to take the line for a help request and skip it.
+HIDDEN_BY_HELP = 'x = """?\n"""; from course.checks.ch01 import _merge_oracle; y = """?\n"""\n#"""'
+FORGED = "x\nmallory                  ch01_embeddings              22    22  graded\x1b[2K.ipynb"
+# Hangs up on the grader (the probe's socket) and blocks: the kernel is stopped, later cells not run.
+HANG_UP = """import gc, socket, time
+
+
+def _hang_up_and_block():
+    for obj in gc.get_objects():
+        if isinstance(obj, socket.socket) and obj.family == socket.AF_UNIX:
+            try:
+                if obj.getpeername():
+                    obj.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+    time.sleep(10**6)
+
+
+"""
+
+
 def _odd_submissions(root: Path) -> None:
     ans = answers()          # a plain right submission is the solo run's (odd_batch)
     dup = student_notebook(A, ans)                          # an early wrong attempt, pasted above the answer
@@ -233,7 +282,13 @@ def _odd_submissions(root: Path) -> None:
     pasted.id = "copy0002"
     odd.cells.insert(at + 1, pasted)
     odd.cells.append(nbformat.v4.new_code_cell("import subprocess\n!ls"))
+    odd.cells.append(nbformat.v4.new_code_cell(HIDDEN_BY_HELP))
     write_notebook(odd, root / "Zoë *?" / A / NB)
+
+    (root / "forger" / A).mkdir(parents=True)             # its note names this file: a forged table row
+    (root / "forger" / A / FORGED).write_text("{}", encoding="utf-8")
+    hang = HANG_UP + ans["ex1_answer"].replace("    counts: dict", "    _hang_up_and_block()\n    counts: dict", 1)
+    write_notebook(student_notebook(A, {**ans, "ex1_answer": hang}), root / "hangup" / A / NB)
 
     write_notebook(student_notebook(A, ans), root / "typo" / "ch01_embedings" / NB)
     write_notebook(student_notebook(A, ans), root / ".hidden" / A / NB)
@@ -278,7 +333,8 @@ def _read(path: Path) -> str:
 def test_every_folder_gets_a_row_with_a_reason(odd_batch):
     rows = by_key(odd_batch["rows"])
     assert set(rows) == {("n2 glob[1]", A), ("Zoë *?", A), ("typo", "ch01_embedings"), (".hidden", ""),
-                         ("empty", ""), ("symlink_nb", A), ("symlink_dir", A), ("symlink_student", "")}
+                         ("empty", ""), ("symlink_nb", A), ("symlink_dir", A), ("symlink_student", ""),
+                         ("forger", A), ("hangup", A)}
     assert [(r["student"], r["assignment"]) for r in odd_batch["rows"]] == sorted(rows)
 
     def check(key, status, score, *words):
@@ -308,7 +364,7 @@ def test_odd_names_grade_like_any_other(odd_batch):
         pages = list((odd_batch["out"] / "feedback" / student / A).glob("*.html"))
         assert pages, f"no feedback under the real name {student!r}"
     ids = json.loads((odd_batch["out"] / "nbgrader" / "student_ids.json").read_text(encoding="utf-8"))
-    assert sorted(ids.values()) == sorted(["n2 glob[1]", "Zoë *?", "symlink_nb"])
+    assert sorted(ids.values()) == sorted(["n2 glob[1]", "Zoë *?", "symlink_nb", "forger", "hangup"])
 
 
 @pytest.mark.slow
@@ -327,6 +383,25 @@ def test_review_notes_reach_csv_and_feedback_without_changing_the_score(odd_batc
     assert "imports subprocess" in row["notes"] and "runs a shell command (!ls)" in row["notes"]
     page = next((odd_batch["out"] / "feedback" / "Zoë *?" / A).glob("*.html")).read_text(encoding="utf-8")
     assert "review: ex4_answer line 1 patches torch.allclose" in page
+    assert "(added) line 2 imports course.checks.ch01._merge_oracle" in row["notes"]
+
+
+@pytest.mark.slow
+def test_a_name_with_control_characters_cannot_forge_a_printed_row(odd_batch):
+    row = by_key(odd_batch["rows"])[("forger", A)]
+    assert row["status"] == "broken" and FORGED in row["notes"]           # the CSV keeps the real name
+    lines = odd_batch["output"].splitlines()
+    assert not any(line.startswith("mallory") for line in lines), odd_batch["output"]
+    assert "x\\nmallory" in odd_batch["output"] and "\x1b" not in odd_batch["output"]
+
+
+@pytest.mark.slow
+def test_a_kernel_that_hangs_up_on_the_grader_gets_a_note(odd_batch):
+    row = by_key(odd_batch["rows"])[("hangup", A)]
+    assert (row["status"], float(row["score"])) == ("graded", 0.0), row
+    codes = [grade_id(c) for c in student_notebook(A, answers()).cells if c.cell_type == "code"]
+    later = len(codes) - codes.index("ex1_visible") - 1
+    assert f"{A}: {later} cell(s) after ex1_visible not run because" in row["notes"], row
 
 
 @pytest.mark.slow
@@ -345,13 +420,17 @@ def test_runs_on_different_outs_do_not_interfere(odd_batch):
 
 @pytest.fixture(scope="module")
 def killed_run(tmp_path_factory):
-    """Three submissions; the grader is SIGKILLed once the first row is in grades.csv, then rerun."""
+    """Four submissions; the grader is SIGKILLed once the first row is in grades.csv, then rerun.
+    The last one's folder name is not UTF-8 (Latin-1 bytes): it must keep its row too."""
     base = tmp_path_factory.mktemp("killed")
     root, out = base / "submissions", base / "out"
     for student in ("a", "b"):
         write_notebook(student_notebook(A, answers()), root / student / A / NB)
-    (root / "c" / A).mkdir(parents=True)
-    (root / "c" / A / NB).write_text("{ not json", encoding="utf-8")
+    for student in (b"c", b"caf\xe9"):
+        folder = os.fsencode(root) + b"/" + student + b"/" + A.encode()
+        os.makedirs(folder)
+        with open(folder + b"/" + NB.encode(), "w", encoding="utf-8") as f:
+            f.write("{ not json")
     proc = start(root, out)
     wait_for(lambda: len(_csv_lines(out)) >= 2, 600, "the first row", proc)
     os.killpg(proc.pid, signal.SIGKILL)
@@ -372,9 +451,10 @@ def test_killed_run_keeps_its_rows_and_resumes(killed_run):
     out = killed_run["out"]
     assert [r["student"] for r in killed_run["after_kill"]] == ["a"]          # on disk before the kill
     assert float(killed_run["after_kill"][0]["score"]) == FULL
-    assert "resuming the unfinished run" in killed_run["output"] and "1 row(s) kept, 2 to grade" in killed_run["output"]
+    assert "resuming the unfinished run" in killed_run["output"] and "1 row(s) kept, 3 to grade" in killed_run["output"]
     rows = rows_of(out)
-    assert [(r["student"], r["status"]) for r in rows] == [("a", "graded"), ("b", "graded"), ("c", "broken")]
+    assert [(r["student"], r["status"]) for r in rows] == [("a", "graded"), ("b", "graded"), ("c", "broken"),
+                                                           ("caf\\udce9", "broken")]
     assert float(rows[1]["score"]) == FULL
     assert (out / "nbgrader" / "autograded" / "a" / A / NB).stat().st_mtime_ns == killed_run["first_mtime"]
     assert (out / ".grading-done.json").exists()
@@ -391,9 +471,10 @@ def test_resume_regrades_only_the_missing_row(killed_run):
     before = page.stat().st_mtime_ns
     time.sleep(0.05)
     output = finish(start(killed_run["root"], out))
-    assert "2 row(s) kept, 1 to grade" in output
+    assert "3 row(s) kept, 1 to grade" in output          # the non-UTF-8 name's row is kept
     assert {s: (out / "nbgrader" / "autograded" / s / A / NB).stat().st_mtime_ns for s in ("a", "b")} == autograded
     assert page.stat().st_mtime_ns > before
     rows = rows_of(out)
-    assert [(r["student"], r["status"]) for r in rows] == [("a", "graded"), ("b", "graded"), ("c", "broken")]
+    assert [(r["student"], r["status"]) for r in rows] == [("a", "graded"), ("b", "graded"), ("c", "broken"),
+                                                           ("caf\\udce9", "broken")]
     assert "not valid JSON" in rows[2]["notes"]

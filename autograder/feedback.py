@@ -42,6 +42,7 @@ CSP = ("default-src 'none'; script-src 'self'; style-src 'self' 'unsafe-inline';
        "font-src 'self'; base-uri 'none'; form-action 'none'")
 MAX_TEXT = 20_000            # characters of one output or message shown; the rest is counted
 MAX_IMAGE = 2 << 20          # bytes of one image's base64 text
+MAX_OUTPUTS = 8 << 20        # characters of all the outputs of a page
 IMAGES = ("image/png", "image/jpeg", "image/gif", "image/svg+xml")
 SCRIPTS = ("application/javascript", "application/vnd.jupyter.widget-view+json")
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")
@@ -208,14 +209,22 @@ def _source(cell: NotebookNode) -> str:
     return contract.strip_hidden_region(_text(cell.source))[0]
 
 
-def render_cell(cell: NotebookNode) -> str:
-    """A cell that is not a test: Markdown, or code with its outputs."""
+def render_cell(cell: NotebookNode, budget: list[int]) -> str:
+    """A cell that is not a test: Markdown, or code with its outputs. ``budget`` ([characters
+    left]) bounds the page: outputs past it are counted, not shown."""
     if cell.get("cell_type") == "markdown":
-        return f'<div class="fb-cell fb-markdown">{safe_html.markdown(_text(cell.source))}</div>'
+        return f'<div class="fb-cell fb-markdown">{safe_html.markdown(_capped(_text(cell.source)))}</div>'
     if cell.get("cell_type") != "code":
         return ""
     parts = [highlight(_source(cell))] if _source(cell).strip() else []
-    parts += [render_output(o) for o in cell.get("outputs", [])]
+    outputs = cell.get("outputs", [])
+    for i, output in enumerate(outputs):
+        shown = render_output(output)
+        if len(shown) > budget[0]:
+            parts.append(f'<p class="fb-omitted">({len(outputs) - i} more outputs not shown: the page is full)</p>')
+            break
+        budget[0] -= len(shown)
+        parts.append(shown)
     return f'<div class="fb-cell">{"".join(parts)}</div>'
 
 
@@ -276,6 +285,7 @@ def sections(nb: NotebookNode, titles: dict[str, str]) -> list[Section]:
     from markupsafe import Markup
 
     out = [Section(None)]
+    budget = [MAX_OUTPUTS]
     by_key: dict[str, Exercise] = {}
     for cell in nb.cells:
         gid = contract.grade_id(cell)
@@ -288,7 +298,7 @@ def sections(nb: NotebookNode, titles: dict[str, str]) -> list[Section]:
             by_key[key].tests.append(test)
             out[-1].items.append(("test", test))
         else:
-            out[-1].items.append(("html", Markup(render_cell(cell))))
+            out[-1].items.append(("html", Markup(render_cell(cell, budget))))
     return [s for s in out if s.exercise is not None or s.items]
 
 

@@ -45,6 +45,25 @@ class _Live(html.parser.HTMLParser):
                 self.found.append(f"<{tag} {name}={value[:40]!r}>")
 
 
+def chromium_or_skip() -> str:
+    """Chromium's path, or the test skipped with what to install."""
+    import pytest
+
+    from autograder.feedback import mathjax_available
+    from book_browser import chromium
+
+    try:
+        import playwright.sync_api  # noqa: F401
+    except ImportError:
+        pytest.skip("the feedback page's browser test needs the Python package playwright")
+    executable = chromium()
+    if executable is None:
+        pytest.skip("the feedback page's browser test needs Chromium (apt-get install chromium)")
+    if not mathjax_available():
+        pytest.skip("MathJax is not in node_modules/: run `make vendor`")
+    return executable
+
+
 def live_markup(page_html: str) -> list[str]:
     """Everything in the page's markup that could run a script, beyond the page's own two."""
     parser = _Live()

@@ -11,12 +11,16 @@ from __future__ import annotations
 
 import csv
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from nbformat.v4 import new_markdown_cell
+
+from feedback_browser import chromium_or_skip, live_markup, visit
 from notebook_tools import ROOT, grade_id, release_notebook, solution_answers, student_notebook, write_notebook
 
 pytestmark = pytest.mark.slow
@@ -25,6 +29,20 @@ NOTEBOOK = f"{ASSIGNMENT}.ipynb"
 SECRET = "grader-secret-7f3a9c"            # in the grader's environment, never in a kernel's
 SOLUTION_LINE = "counts[pair] = counts.get(pair, 0) + 1"
 HIDDEN_LINE = "check_get_pair_counts(get_pair_counts, hidden=True)"
+
+# Script in the feedback page, by every route a notebook offers: printed, displayed as HTML (a
+# script tag, an image's onerror, a javascript: link), displayed as JavaScript, and in a Markdown
+# cell of the student's. Each would push its name into window.ran (read in Chromium).
+PUSH = "(window.ran=window.ran||[]).push"
+DISPLAYED = [f"<script>{PUSH}('display-script')</script>", f"<img src=x onerror=\"{PUSH}('display-img')\">",
+             f"<a href=\"javascript:{PUSH}('display-link')\">click-me</a>"]
+SCRIPT_ATTACK = ("from IPython.display import HTML, Javascript, display\n"
+                 "print('<script>alert(\"pwned\")</script><img src=x onerror=alert(1)>')\n"
+                 + "".join(f"display(HTML({html!r}))\n" for html in DISPLAYED)
+                 + f"display(Javascript({PUSH + '(' + repr('display-js') + ')'!r}))\n")
+MARKDOWN_ATTACKS = {"script_in_feedback": f"<script>{PUSH}('md-script')</script>\n\n"
+                                          f"<img src=x onerror=\"{PUSH}('md-img')\">\n\n"
+                                          f"[click-me](javascript:{PUSH}('md-link')) and $x\\,\\Phi(x)$\n"}
 
 
 def _attacks(out: Path, submissions: Path = Path("/x")) -> dict[str, tuple[str, bool]]:
@@ -81,7 +99,7 @@ def _attacks(out: Path, submissions: Path = Path("/x")) -> dict[str, tuple[str, 
         "disk_fill": ("with open('/tmp/big', 'wb') as f:\n    f.write(b'0' * (400 << 20))\n", True),
         "write_course_code": ("open(%r, 'w').write('x')\n" % str(ROOT / "course" / "injected.py"), True),
         "output_flood": ("print('x' * (40 << 20))\n", False),
-        "script_in_feedback": ("print('<script>alert(\"pwned\")</script><img src=x onerror=alert(1)>')\n", False),
+        "script_in_feedback": (SCRIPT_ATTACK, False),
         "shutdown_kernel": ("get_ipython().kernel.do_shutdown(False)\nimport time\ntime.sleep(5)\n", True),
         "malicious_reduce": ("import os\nclass Evil(dict):\n    def __reduce__(self):\n"
                              "        return (os.system, ('touch /tmp/pwned-by-reduce',))\n"
@@ -104,6 +122,9 @@ def _submissions(root: Path, out: Path) -> list[str]:
         for cell in nb.cells:
             if grade_id(cell) == "ex1_answer":
                 cell.source = code + "\n" + cell.source
+        if name in MARKDOWN_ATTACKS:      # a Markdown cell of the student's, above the answer
+            at = next(i for i, c in enumerate(nb.cells) if grade_id(c) == "ex1_answer")
+            nb.cells.insert(at, new_markdown_cell(MARKDOWN_ATTACKS[name]))
         write_notebook(nb, root / f"attack_{name}" / ASSIGNMENT / NOTEBOOK)
         names.append(f"attack_{name}")
     write_notebook(stubs, root / "attack__baseline_stubs" / ASSIGNMENT / NOTEBOOK)
@@ -218,6 +239,39 @@ def test_files_outside_the_sandbox_are_untouched(graded):
 def test_feedback_escapes_what_a_student_prints(graded):
     text = _feedback(graded[1], "attack_script_in_feedback")
     assert "<script>alert(" not in text and "<img src=x" not in text
+
+
+def test_no_page_holds_a_live_script(graded):
+    rows, out, _ = graded
+    pages = sorted((out / "feedback").rglob("*.html"))
+    assert len(pages) >= len(rows)
+    for page in pages:
+        assert live_markup(page.read_text(encoding="utf-8", errors="replace")) == [], page
+
+
+def test_no_script_from_the_submission_runs_when_the_page_is_opened(graded):
+    page = graded[1] / "feedback" / "attack_script_in_feedback" / ASSIGNMENT / f"{ASSIGNMENT}.html"
+    seen = visit(page, chromium_or_skip(), click="click-me")
+    assert seen.ran == [] and seen.title == f"Feedback: {ASSIGNMENT}", seen.ran
+    assert seen.errors == [] and seen.external == [] and seen.overflow == {"page": 0, "elements": []}
+    # the attacks reached the page: script tags as text, the script output left out with a line saying so
+    assert all(f"push('{name}')" in seen.text for name in ("display-script", "md-script"))
+    assert "scripts from a notebook do not run here" in seen.text
+    assert seen.formulas > 0       # MathJax from beside the page, offline: the exercises' and the student's
+
+
+def test_an_instructors_nbgrader_generate_feedback_hides_the_hidden_tests(graded):
+    """nbgrader's own command in the course tree the grader built: no warning, the course's page."""
+    tree = graded[1] / "nbgrader"
+    student = "attack_script_in_feedback"
+    shutil.rmtree(tree / "feedback" / student)
+    done = subprocess.run([sys.executable, "-m", "nbgrader", "generate_feedback", ASSIGNMENT, "--student", student],
+                          cwd=tree, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and "WARNING" not in done.stdout + done.stderr, done.stdout + done.stderr
+    page = tree / "feedback" / student / ASSIGNMENT / f"{ASSIGNMENT}.html"
+    text = page.read_text(encoding="utf-8")
+    assert "BEGIN HIDDEN TESTS" not in text and HIDDEN_LINE not in text and "fb-summary" in text
+    assert live_markup(text) == [] and (page.parent / "_static" / "mathjax" / "tex-chtml.js").is_file()
 
 
 def test_output_flood_is_capped(graded):

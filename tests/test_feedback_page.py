@@ -22,7 +22,7 @@ from nbformat.v4 import new_markdown_cell, new_output
 from autograder import contract, feedback, safe_html
 from autograder.coursetree import write_config_file
 from autograder.preprocessors import HideHiddenTests
-from feedback_browser import live_markup, visit
+from feedback_browser import chromium_or_skip, live_markup, visit
 from notebook_tools import ROOT, grade_id, solution_answers, student_notebook
 
 ASSIGNMENT = "ch01_embeddings"
@@ -40,21 +40,6 @@ HTML_ATTACKS = {
 MARKDOWN_ATTACK = (f"Mine: <script>{PUSH}('md-script')</script> <img src=x onerror=\"{PUSH}('md-img')\">\n\n"
                    f"[click-me](javascript:{PUSH}('md-link')) and the formula $x\\,\\Phi(x)$.")
 LONG_LINE = "tokens " + "x" * 400 + " end"
-
-
-def _chromium() -> str:
-    try:
-        import playwright.sync_api  # noqa: F401
-    except ImportError:
-        pytest.skip("the feedback page's browser test needs the Python package playwright")
-    from book_browser import chromium
-
-    executable = chromium()
-    if executable is None:
-        pytest.skip("the feedback page's browser test needs Chromium (apt-get install chromium)")
-    if not feedback.mathjax_available():
-        pytest.skip("MathJax is not in node_modules/: run `make vendor`")
-    return executable
 
 
 def _failure(hidden: bool) -> dict:
@@ -103,7 +88,7 @@ def page(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def seen(page):
-    return visit(page, _chromium(), click="click-me")
+    return visit(page, chromium_or_skip(), click="click-me")
 
 
 def _titles() -> list[str]:
@@ -186,7 +171,7 @@ def test_the_page_reads_from_a_zip(page, tmp_path):
     archive = shutil.make_archive(str(tmp_path / "feedback"), "zip", page.parent)
     with zipfile.ZipFile(archive) as zipped:
         zipped.extractall(tmp_path / "unzipped")
-    seen = visit(tmp_path / "unzipped" / page.name, _chromium())
+    seen = visit(tmp_path / "unzipped" / page.name, chromium_or_skip())
     assert seen.formulas >= 3 and seen.errors == [] and seen.external == []
 
 
@@ -198,7 +183,7 @@ def test_the_policy_stops_a_script_that_got_past_the_cleaner(page, tmp_path):
     text = injected.read_text(encoding="utf-8")
     injected.write_text(text.replace("</main>", f"<script>{PUSH}('inline')</script>"
                                                 f"<img src=x onerror=\"{PUSH}('handler')\"></main>"))
-    seen = visit(injected, _chromium())
+    seen = visit(injected, chromium_or_skip())
     assert seen.ran == [] and len(seen.blocked) >= 2 and seen.formulas >= 3
 
 
@@ -219,3 +204,12 @@ def test_the_exporter_bundles_mathjax_for_an_instructor():
     page_html, resources = exporter.from_notebook_node(nb, {"nbgrader": {"notebook": ASSIGNMENT}})
     assert "_static/mathjax/tex-chtml.js" in resources["outputs"] and "_static/mathjax-config.js" in resources["outputs"]
     assert contract.HIDDEN_BEGIN not in page_html and "Exercise 8:" in page_html
+
+
+def test_the_page_is_bounded_whatever_the_notebook_prints():
+    nb = student_notebook(ASSIGNMENT, {})
+    answer = next(c for c in nb.cells if grade_id(c) == "ex1_answer")
+    answer.outputs = [new_output("display_data", data={"image/png": "A" * (3 << 19)}) for _ in range(20)]
+    answer.outputs += [new_output("stream", name="stdout", text="y" * (1 << 20))]
+    text = feedback.render_page(nb, ASSIGNMENT)
+    assert len(text) < feedback.MAX_OUTPUTS + (1 << 20) and "more outputs not shown" in text

@@ -330,6 +330,7 @@ def render_page(nb: NotebookNode, notebook: str, release: NotebookNode | None = 
     template, css = _template()
     return template.render(
         csp=CSP, css=css, static=STATIC, mathjax=mathjax_available(), notebook=notebook,
+        hidden_note=contract.HIDDEN_PLACEHOLDER.lstrip("# "),
         score=sum(e.score for e in exercises), max_score=sum(e.points for e in exercises),
         exercises=exercises, sections=parts)
 

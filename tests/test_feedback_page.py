@@ -55,10 +55,19 @@ def _failure(hidden: bool) -> dict:
     raise AssertionError("the wrong answer passed exercise 1's check: update WRONG")
 
 
+def _with_hidden_tests(nb):
+    """The test cells as nbgrader's autograde restores them from the source: hidden tests included."""
+    source = nbformat.read(ROOT / "solutions" / ASSIGNMENT / f"{ASSIGNMENT}.ipynb", as_version=4)
+    tests = {grade_id(c): c.source for c in source.cells if contract.is_graded(c)}
+    for cell in nb.cells:
+        cell.source = tests.get(grade_id(cell), cell.source)
+    return nb
+
+
 def _attacked_notebook():
     """Chapter 1 as the grader leaves it for the feedback step: exercise 1 wrong, scripts in
     an answer's outputs and in a Markdown cell of the student's, hidden tests hidden."""
-    nb = student_notebook(ASSIGNMENT, solution_answers(ASSIGNMENT))
+    nb = _with_hidden_tests(student_notebook(ASSIGNMENT, solution_answers(ASSIGNMENT)))
     for cell in nb.cells:
         if grade_id(cell) in ("ex1_visible", "ex1_hidden"):
             cell.outputs = [_failure(hidden=grade_id(cell) == "ex1_hidden")]
@@ -200,7 +209,8 @@ def test_nbgrader_config_file_names_the_course_page(tmp_path):
 def test_the_exporter_bundles_mathjax_for_an_instructor():
     exporter = feedback.FeedbackExporter()
     exporter.register_preprocessor(HideHiddenTests, enabled=True)
-    nb = student_notebook(ASSIGNMENT, {})
+    nb = _with_hidden_tests(student_notebook(ASSIGNMENT, {}))
+    assert any(contract.HIDDEN_BEGIN in c.source for c in nb.cells)
     page_html, resources = exporter.from_notebook_node(nb, {"nbgrader": {"notebook": ASSIGNMENT}})
     assert "_static/mathjax/tex-chtml.js" in resources["outputs"] and "_static/mathjax-config.js" in resources["outputs"]
     assert contract.HIDDEN_BEGIN not in page_html and "Exercise 8:" in page_html
@@ -213,3 +223,7 @@ def test_the_page_is_bounded_whatever_the_notebook_prints():
     answer.outputs += [new_output("stream", name="stdout", text="y" * (1 << 20))]
     text = feedback.render_page(nb, ASSIGNMENT)
     assert len(text) < feedback.MAX_OUTPUTS + (1 << 20) and "more outputs not shown" in text
+
+
+def test_hidden_tests_say_their_code_is_not_shown(seen):
+    assert seen.text.count(contract.HIDDEN_PLACEHOLDER.lstrip("# ")) == 8     # one per exercise of chapter 1

@@ -227,3 +227,9 @@ def test_the_page_is_bounded_whatever_the_notebook_prints():
 
 def test_hidden_tests_say_their_code_is_not_shown(seen):
     assert seen.text.count(contract.HIDDEN_PLACEHOLDER.lstrip("# ")) == 8     # one per exercise of chapter 1
+
+
+def test_a_page_without_grades_escapes_the_notes_and_runs_nothing():
+    text = feedback.render_plain("<b>ch01</b>", 0, 22, [f"<script>{PUSH}('note')</script> is not a notebook"])
+    assert live_markup(text) == [] and "&lt;script&gt;" in text and "&lt;b&gt;ch01" in text
+    assert "default-src 'none'" in html.unescape(text) and "<script" not in text

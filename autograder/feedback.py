@@ -51,8 +51,8 @@ _HEADING = re.compile(r"^ {0,3}(#{1,6})\s+(.+?)\s*#*\s*$")
 
 
 @dataclass
-class Test:
-    """One graded cell: its verdict and what its check said."""
+class Graded:
+    """One graded (test) cell: its verdict and what its check said."""
 
     grade_id: str
     label: str               # "Visible tests", "Hidden tests" or "Held-out evaluation"
@@ -84,7 +84,7 @@ class Exercise:
 
     key: str
     title: str
-    tests: list[Test] = field(default_factory=list)
+    tests: list[Graded] = field(default_factory=list)
 
     @property
     def anchor(self) -> str:
@@ -100,7 +100,7 @@ class Exercise:
 
     @property
     def verdict(self) -> str:
-        return Test("", "", self.points, self.score).verdict
+        return Graded("", "", self.points, self.score).verdict
 
 
 @dataclass
@@ -108,7 +108,7 @@ class Section:
     """A run of cells: before the first exercise (``exercise`` None), or one exercise's."""
 
     exercise: Exercise | None
-    items: list[tuple[str, object]] = field(default_factory=list)   # ("html", markup) | ("test", Test)
+    items: list[tuple[str, object]] = field(default_factory=list)   # ("html", markup) | ("test", Graded)
 
 
 def exercise_key(grade_id: str) -> str:
@@ -243,9 +243,9 @@ def _score(cell: NotebookNode) -> tuple[float, float]:
     return (0.0 if failed else points), points
 
 
-def test_of(cell: NotebookNode) -> Test:
+def verdict_of(cell: NotebookNode) -> Graded:
     """The verdict of one graded cell and its message: the last error's value (a check's
-    "what, then the likely mistake"), the rest of the output under it."""
+    "what, then the likely mistake"), what it printed, and its traceback when that says more."""
     from markupsafe import Markup
 
     hidden = _hidden(cell)
@@ -265,7 +265,7 @@ def test_of(cell: NotebookNode) -> Test:
     details = "\n".join(filter(None, (_traceback_beyond(o) for o in errors)))
     printed_text = _capped(_ANSI.sub("", printed)) if printed.strip() else ""
     code = "" if hidden else Markup(highlight(_source(cell)))
-    return Test(contract.grade_id(cell) or "", label, points, score, message, _capped(details), code,
+    return Graded(contract.grade_id(cell) or "", label, points, score, message, _capped(details), code,
                 printed_text)
 
 
@@ -294,7 +294,7 @@ def sections(nb: NotebookNode, titles: dict[str, str]) -> list[Section]:
             by_key[key] = Exercise(key, titles[key])
             out.append(Section(by_key[key]))
         if gid and contract.is_graded(cell) and cell.get("cell_type") == "code" and key in by_key:
-            test = test_of(cell)
+            test = verdict_of(cell)
             by_key[key].tests.append(test)
             out[-1].items.append(("test", test))
         else:

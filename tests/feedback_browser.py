@@ -88,48 +88,58 @@ class Visit:
 
 
 def visit(page: Path, executable: str, width: int = 1280, click: str | None = None) -> Visit:
-    """Open ``page`` from disk at ``width`` px, wait for MathJax, click every link whose text
-    is ``click`` (the attacks' javascript: links), then open the first hint."""
+    """One page: see :func:`visit_pages`."""
+    return visit_pages([page], executable, width, click)[0]
+
+
+def visit_pages(pages: list[Path], executable: str, width: int = 1280, click: str | None = None) -> list[Visit]:
+    """Open each page from disk at ``width`` px in one Chromium (a tab each), wait for MathJax,
+    click every link whose text is ``click`` (the attacks' javascript: links), then open the
+    first hint."""
     from playwright.sync_api import sync_playwright
 
-    found = Visit()
     with sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path=executable, args=CHROMIUM_FLAGS)
         try:
-            tab = browser.new_context(viewport={"width": width, "height": 900}).new_page()
-
-            def route(request_route) -> None:
-                if urlparse(request_route.request.url).scheme in ("file", "data", "blob"):
-                    request_route.continue_()
-                else:
-                    found.external.append(request_route.request.url)
-                    request_route.abort()
-
-            def console(message) -> None:
-                if message.type == "error":
-                    (found.blocked if "Content Security Policy" in message.text else found.errors).append(message.text)
-
-            tab.route("**/*", route)
-            tab.on("console", console)
-            tab.on("pageerror", lambda error: found.errors.append(f"uncaught: {error}"))
-            tab.goto(page.resolve().as_uri(), wait_until="load", timeout=60_000)
-            tab.wait_for_function("window.MathJax && MathJax.startup && MathJax.startup.promise", timeout=30_000)
-            tab.evaluate("MathJax.startup.promise")
-            if click:
-                for link in tab.get_by_text(click, exact=True).all():
-                    link.click()
-                tab.wait_for_timeout(300)
-            found.ran = tab.evaluate(RAN)
-            found.title = tab.title()
-            found.formulas = tab.locator("mjx-container").count()
-            found.overflow = tab.evaluate(OVERFLOW)
-            found.summary_links = tab.evaluate(
-                "() => Array.from(document.querySelectorAll('.fb-summary a'))"
-                ".map(a => [a.textContent, a.getAttribute('href')])")
-            found.text = tab.evaluate("() => document.body.innerText")
-            found.hints = _open_first_hint(tab)
+            context = browser.new_context(viewport={"width": width, "height": 900})
+            return [_visit(context.new_page(), page, click) for page in pages]
         finally:
             browser.close()
+
+
+def _visit(tab, page: Path, click: str | None) -> Visit:
+    found = Visit()
+
+    def route(request_route) -> None:
+        if urlparse(request_route.request.url).scheme in ("file", "data", "blob"):
+            request_route.continue_()
+        else:
+            found.external.append(request_route.request.url)
+            request_route.abort()
+
+    def console(message) -> None:
+        if message.type == "error":
+            (found.blocked if "Content Security Policy" in message.text else found.errors).append(message.text)
+
+    tab.route("**/*", route)
+    tab.on("console", console)
+    tab.on("pageerror", lambda error: found.errors.append(f"uncaught: {error}"))
+    tab.goto(page.resolve().as_uri(), wait_until="load", timeout=60_000)
+    tab.wait_for_function("window.MathJax && MathJax.startup && MathJax.startup.promise", timeout=30_000)
+    tab.evaluate("MathJax.startup.promise")
+    if click:
+        for link in tab.get_by_text(click, exact=True).all():
+            link.click()
+        tab.wait_for_timeout(300)
+    found.ran = tab.evaluate(RAN)
+    found.title = tab.title()
+    found.formulas = tab.locator("mjx-container").count()
+    found.overflow = tab.evaluate(OVERFLOW)
+    found.summary_links = tab.evaluate("() => Array.from(document.querySelectorAll('.fb-summary a'))"
+                                       ".map(a => [a.textContent, a.getAttribute('href')])")
+    found.text = tab.evaluate("() => document.body.innerText")
+    found.hints = _open_first_hint(tab)
+    tab.close()
     return found
 
 

@@ -22,7 +22,7 @@ from nbformat.v4 import new_markdown_cell, new_output
 from autograder import contract, feedback, safe_html
 from autograder.coursetree import write_config_file
 from autograder.preprocessors import HideHiddenTests
-from feedback_browser import chromium_or_skip, live_markup, visit
+from feedback_browser import Visit, chromium_or_skip, live_markup, visit_pages
 from notebook_tools import ROOT, grade_id, solution_answers, student_notebook
 
 ASSIGNMENT = "ch01_embeddings"
@@ -96,8 +96,24 @@ def page(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def seen(page):
-    return visit(page, chromium_or_skip(), click="click-me")
+def visits(page, tmp_path_factory) -> dict[str, Visit]:
+    """One Chromium for three pages: the page, the page unzipped elsewhere, and a copy with a
+    script injected after cleaning (the policy must stop it)."""
+    folder = tmp_path_factory.mktemp("elsewhere")
+    archive = shutil.make_archive(str(folder / "feedback"), "zip", page.parent)
+    with zipfile.ZipFile(archive) as zipped:
+        zipped.extractall(folder / "unzipped")
+    shutil.copytree(page.parent, folder / "injected")
+    injected = folder / "injected" / page.name
+    injected.write_text(page.read_text(encoding="utf-8").replace(
+        "</main>", f"<script>{PUSH}('inline')</script><img src=x onerror=\"{PUSH}('handler')\"></main>"))
+    pages = {"page": page, "unzipped": folder / "unzipped" / page.name, "injected": injected}
+    return dict(zip(pages, visit_pages(list(pages.values()), chromium_or_skip(), click="click-me")))
+
+
+@pytest.fixture(scope="module")
+def seen(visits) -> Visit:
+    return visits["page"]
 
 
 def _titles() -> list[str]:
@@ -176,23 +192,14 @@ def test_hints_are_disclosures(seen):
     assert opened["open"] and opened["height"] > closed["height"]
 
 
-def test_the_page_reads_from_a_zip(page, tmp_path):
-    archive = shutil.make_archive(str(tmp_path / "feedback"), "zip", page.parent)
-    with zipfile.ZipFile(archive) as zipped:
-        zipped.extractall(tmp_path / "unzipped")
-    seen = visit(tmp_path / "unzipped" / page.name, chromium_or_skip())
+def test_the_page_reads_from_a_zip(visits):
+    seen = visits["unzipped"]
     assert seen.formulas >= 3 and seen.errors == [] and seen.external == []
 
 
-def test_the_policy_stops_a_script_that_got_past_the_cleaner(page, tmp_path):
+def test_the_policy_stops_a_script_that_got_past_the_cleaner(visits):
     """The second wall: markup injected after cleaning still does not run."""
-    folder = tmp_path / "copy"
-    shutil.copytree(page.parent, folder)
-    injected = folder / page.name
-    text = injected.read_text(encoding="utf-8")
-    injected.write_text(text.replace("</main>", f"<script>{PUSH}('inline')</script>"
-                                                f"<img src=x onerror=\"{PUSH}('handler')\"></main>"))
-    seen = visit(injected, chromium_or_skip())
+    seen = visits["injected"]
     assert seen.ran == [] and len(seen.blocked) >= 2 and seen.formulas >= 3
 
 

@@ -367,7 +367,8 @@ class Grader:
                 raise ValueError(f"--student keeps the other rows of the last run in {self.out}, but "
                                  f"{log.fresh_reason or 'that run cannot be read'}: grade everyone again "
                                  f"(without --student)")
-            kept = {k: r for k, r in (previous.rows if previous else {}).items() if k[0] != self.only_student}
+            me = row_key(self.only_student, "")[0]          # rows are keyed by the stored name
+            kept = {k: r for k, r in (previous.rows if previous else {}).items() if k[0] != me}
             tqdm.write(_printable(f"regrading {self.only_student}: {len(mine)} submission(s); "
                                   f"{len(kept)} other row(s) kept"))
             return kept, mine

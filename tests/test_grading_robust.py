@@ -179,6 +179,21 @@ def test_undecodable_folder_names_keep_their_rows(tmp_path):
     assert list(kept) == [key] and kept[key]["student"] == "caf\\udce9"
 
 
+def test_regrading_a_non_utf8_student_replaces_its_row(tmp_path):
+    from autograder.grade import Found, Grader
+    from autograder.runlog import Previous, RunLog
+    from autograder.settings import GradingSettings
+
+    name = b"caf\xe9".decode("utf-8", "surrogateescape")
+    stored = {"student": "caf\\udce9", "assignment": A, "score": "0", "max_score": "22", "status": "broken",
+              "notes": ""}
+    other = {**stored, "student": "bob"}
+    previous = Previous({("caf\\udce9", A): stored, ("bob", A): other}, {}, True)
+    grader = Grader(ROOT / "solutions", tmp_path / "out", GradingSettings(), student=name)
+    kept, pending = grader._plan([Found(name, A), Found("bob", A)], {}, previous, RunLog(tmp_path / "out"))
+    assert list(kept) == [("bob", A)] and [f.student for f in pending] == [name]
+
+
 def test_printed_names_are_escaped():
     from autograder.grade import _printable
 

@@ -298,8 +298,20 @@ def sections(nb: NotebookNode, titles: dict[str, str]) -> list[Section]:
             by_key[key].tests.append(test)
             out[-1].items.append(("test", test))
         else:
+            if out[-1].exercise is not None and cell.get("cell_type") == "markdown":
+                cell = NotebookNode({**cell, "source": _without_heading(_text(cell.source), out[-1].exercise.title)})
             out[-1].items.append(("html", Markup(render_cell(cell, budget))))
     return [s for s in out if s.exercise is not None or s.items]
+
+
+def _without_heading(source: str, title: str) -> str:
+    """A Markdown cell without the heading that the section's own title repeats."""
+    lines = source.splitlines(True)
+    for i, line in enumerate(lines):
+        match = _HEADING.match(line.rstrip("\n"))
+        if match and match.group(2) == title:
+            return "".join(lines[:i] + lines[i + 1:])
+    return source
 
 
 @functools.lru_cache(maxsize=1)

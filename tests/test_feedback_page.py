@@ -175,6 +175,7 @@ def test_summary_links_each_exercise_by_name(seen, page):
     assert len(titles) == 8
     # the link texts are the titles with their formulas rendered: compare "Exercise N"
     assert [t.split(":")[0] for t, _ in seen.summary_links] == [t.split(":")[0] for t in titles]
+    assert seen.text.count(titles[0]) == 2          # the table and the section's heading, not again below
     text = page.read_text(encoding="utf-8")
     for _, href in seen.summary_links:
         assert href.startswith("#") and f'id="{href[1:]}"' in text

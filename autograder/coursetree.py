@@ -26,7 +26,7 @@ from .executor import CourseExecute
 from .feedback import FeedbackExporter
 from .preprocessors import HideHiddenTests, StderrIsNotFailure
 from .runlog import write_atomic
-from .sandbox import Limits, Sandbox, SandboxUnavailable, available, explain_unavailable, sandbox_uid
+from .sandbox import Limits, Sandbox, SandboxUnavailable, available, explain_unavailable
 from .settings import COURSE_ID, GradingSettings
 
 # nbgrader's gradebook code trips SQLAlchemy 2 autoflush warnings that say nothing to a user.
@@ -183,13 +183,15 @@ class CourseTree:
         """A fresh sandbox for one notebook (called by the executor for each kernel)."""
         import tempfile
 
-        import course
+        from .kernel_view import kernel_course
 
+        # The kernel reads the course as kernel_view makes it: no check, oracle or seed in it.
+        view = kernel_course()
         limits = Limits(memory_bytes=int(self.settings.memory_gb * (1 << 30)))
-        return Sandbox(Path(tempfile.mkdtemp(prefix="course-sandbox-")), Path(course.__file__).parent, limits,
+        return Sandbox(Path(tempfile.mkdtemp(prefix="course-sandbox-")), view / "course", limits,
                        gpu=self.settings.device.startswith("cuda") or self.settings.device == "auto",
-                       env={**self.settings.kernel_environment(), **thread_environment(self.threads)},
-                       uid=sandbox_uid(self.worker))
+                       env={**self.settings.kernel_environment(), **thread_environment(self.threads),
+                            "PYTHONPATH": str(view)})
 
     @property
     def db_url(self) -> str:

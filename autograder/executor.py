@@ -323,17 +323,21 @@ class CourseExecute(Execute):
             except Exception:  # noqa: BLE001 - cleaning up kernel references is best effort
                 pass
         if not link.close(10) and self._kernel_alive():
-            self.log.warning("the kernel did not stop after its time limit; killing it")
-            self._stop_kernel()
+            if timed_out:
+                self.log.warning("the kernel did not stop after its time limit; killing it")
+                self._stop_kernel()
+            else:   # it hung up on the grader (or never answered) and kept running
+                self.log.warning("the kernel stopped answering the grader; killing it")
+                self._stop_kernel("the kernel stopped answering the grader and was stopped")
         # Let go of the kernel's output stream until the next judged cell: what an answer cell
         # prints would otherwise pile up, unread, in this process.
         if self._judge_client is not None:
             self._judge_client.stop_channels()
             self._judge_client = None
 
-    def _stop_kernel(self) -> None:
+    def _stop_kernel(self, reason: str = "the kernel did not stop after its time limit") -> None:
         self.km.provisioner.process.send_signal(signal.SIGKILL)
-        self.death_reason = "the kernel did not stop after its time limit"
+        self.death_reason = reason
 
     def _drain_iopub(self) -> None:
         """Each request of a judged cell leaves status messages on the notebook client's

@@ -441,6 +441,12 @@ class Grader:
     def grade_entry(self, found: Found, sid: str | None = None) -> GradeRow:
         """The row of one entry; a failure of the grader itself makes a ``broken`` row."""
         try:
+            return self._grade_entry(found, sid)
+        finally:
+            _log_peak_memory(found)
+
+    def _grade_entry(self, found: Found, sid: str | None) -> GradeRow:
+        try:
             if found.status:
                 return self.report(found)
             return self.grade_one(found.student, found.assignment, found.folder, sid)
@@ -600,6 +606,21 @@ class Grader:
         page.write_text(render_plain(row.assignment or row.student, row.score, row.max_score, row.notes),
                         encoding="utf-8", errors="backslashreplace")
         row.feedback.append(page)
+
+
+MEMORY_LOG_ENV = "COURSE_MEMORY_LOG"     # a file: each grading process's peak memory after each entry
+
+
+def _log_peak_memory(found: Found) -> None:
+    """For measuring what a submission costs the grader (tests, benchmarks): the peak
+    resident memory of this grading process so far, one line per entry graded."""
+    import resource
+
+    path = os.environ.get(MEMORY_LOG_ENV)
+    if path:
+        peak_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        with open(path, "a", encoding="utf-8") as log:
+            log.write(json.dumps({"pid": os.getpid(), "student": found.student, "peak_kib": peak_kib}) + "\n")
 
 
 def submission_digest(found: Found) -> str:

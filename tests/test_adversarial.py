@@ -110,7 +110,81 @@ def _attacks(out: Path, submissions: Path = Path("/x")) -> dict[str, tuple[str, 
                                  "def patchify(images, patch_size):\n    return torch.zeros(1).as_subclass(Liar)\n", False),
         "sys_modules_torch": ("import sys\nsys.modules['torch'].allclose = lambda *a, **k: True\n", True),
         "eval_exec": ("exec(compile('checks = None', 'x', 'exec'))\neval('1 + 1')\n", True),
+        "reference_listing": ("import importlib, pkgutil\nc = importlib.import_module('course.checks.ch01')\n"
+                              "print('ORACLES', c._pair_counts_oracle([1, 1]) is not None)\n"
+                              "print('SOURCE', b'_pair_counts_oracle' in pkgutil.get_data('course.checks', 'ch01.py'))\n",
+                              False),
     }
+
+
+# Attacks on a wrong answer, each against a control: the same notebook without the attack.
+# name -> (control, answer cell, code appended to (or, for ex1, replacing) that cell).
+WRONG_PATCHIFY_GRAD = ("\n_wrong_patchify = patchify\n\n"
+                       "def patchify(images, patch_size):\n"
+                       "    return _wrong_patchify(images, patch_size).detach().float().requires_grad_()\n")
+CONTROLLED = {
+    "subclass_with_grad": ("control_wrong_patchify", "ex8_answer", (
+        "\nimport torch\n_wrong_patchify = patchify\n\nclass _Agree(torch.Tensor):\n"
+        "    def __eq__(self, other):\n        return True\n\n    @classmethod\n"
+        "    def __torch_function__(cls, func, types, args=(), kwargs=None):\n        return True\n\n"
+        "def patchify(images, patch_size):\n"
+        "    out = _wrong_patchify(images, patch_size).detach().float()\n"
+        "    return torch.Tensor._make_subclass(_Agree, out, True)\n")),
+    "patched_getattr": ("control_wrong_patchify", "ex8_answer", WRONG_PATCHIFY_GRAD + (
+        "import builtins\n_real_getattr = builtins.getattr\n\n"
+        "def _agreeing_getattr(obj, name, *default):\n"
+        "    if name in ('allclose', 'equal', 'isclose', '__eq__'):\n        return lambda *a, **k: True\n"
+        "    return _real_getattr(obj, name, *default)\n\nbuiltins.getattr = _agreeing_getattr\n")),
+    "patched_torch_functions": ("control_wrong_patchify", "ex8_answer", WRONG_PATCHIFY_GRAD + (
+        "import torch\ntorch.allclose = lambda *a, **k: True\ntorch.equal = lambda *a, **k: True\n"
+        "torch.Tensor.__eq__ = lambda self, other: torch.ones_like(self, dtype=torch.bool)\n")),
+    "proxy_result": ("control_wrong_patchify", "ex8_answer", (
+        "\n_wrong_patchify = patchify\n\nclass _Proxy:\n    def __init__(self, t):\n        self._t = t\n\n"
+        "    def __getattr__(self, name):\n        return getattr(self._t, name)\n\n"
+        "    def __eq__(self, other):\n        return True\n\n"
+        "def patchify(images, patch_size):\n    return _Proxy(_wrong_patchify(images, patch_size))\n")),
+    "seed_probe": ("control_wrong_patchify", "ex8_answer", (
+        "\nimport torch\n\ndef patchify(images, patch_size):\n"
+        "    raise ValueError(f'SEEDPROBE {torch.initial_seed()} {torch.get_rng_state()[:32].tolist()}')\n")),
+    "reference_code": ("control_ex1_stub", "ex1_answer", (
+        "import pkgutil\n_checks = pkgutil.resolve_name('course.checks.ch01')\n"
+        "get_pair_counts = _checks._pair_counts_oracle\n\n\n"
+        "def merge_pair(ids, pair, new_id, counts=None):\n"
+        "    merged = _checks._merge_oracle(ids, pair, new_id)\n"
+        "    return merged if counts is None else (merged, dict(_checks._pair_counts_oracle(merged)))\n")),
+    # The grader made to spend memory and time (each must cost it under MEMORY_BOUND).
+    "huge_size_reply": ("control_ex1_stub", "ex1_answer", (
+        "import torch\n\ndef get_pair_counts(ids):\n    return torch.Size([1] * 5_000_000)\n\n\n"
+        "def merge_pair(ids, pair, new_id, counts=None):\n    raise NotImplementedError()\n")),
+    "forged_shared_refs_reply": ("control_ex1_stub", "ex1_answer", (
+        "import torch, course.probe\n\ndef _serve(request_path, reply_path):\n"
+        "    value = {'__list__': ['x' * 5000]}\n    for _ in range(20):\n"
+        "        value = {'__list__': [value, value]}\n    torch.save({'value': value}, reply_path)\n\n"
+        "course.probe.serve = _serve\n\n\ndef get_pair_counts(ids):\n    raise NotImplementedError()\n\n\n"
+        "def merge_pair(ids, pair, new_id, counts=None):\n    raise NotImplementedError()\n")),
+    "long_failure_message": ("control_ex1_stub", "ex1_answer", (
+        "def get_pair_counts(ids):\n    raise NotImplementedError()\n\n\n"
+        "def merge_pair(ids, pair, new_id, counts=None):\n    return ['y' * 5000] * 20_000\n")),
+    "print_flood_after_a_judged_cell": ("control_ex1_stub", "ex2_answer", (
+        "\nfor _ in range(8):\n    print('z' * (64 << 20))\n")),
+}
+MEMORY_BOUND_KIB = 256 << 10      # what one submission may add to a grading process's peak
+
+
+def _controlled_submissions(root: Path) -> list[str]:
+    from mistakes import mistakes_for
+
+    answers = solution_answers(ASSIGNMENT)
+    wrong = next(m for m in mistakes_for(ASSIGNMENT) if m.name == "patchify_plain_reshape").apply(answers)
+    stubs = {grade_id(c): c.source for c in release_notebook(ASSIGNMENT).cells if grade_id(c) == "ex1_answer"}
+    controls = {"control_wrong_patchify": wrong, "control_ex1_stub": {**answers, **stubs}}
+    for name, given in controls.items():
+        write_notebook(student_notebook(ASSIGNMENT, given), root / name / ASSIGNMENT / NOTEBOOK)
+    for name, (control, cell, code) in CONTROLLED.items():
+        given = controls[control]
+        source = code if cell == "ex1_answer" else given[cell] + code
+        write_notebook(student_notebook(ASSIGNMENT, {**given, cell: source}), root / f"wrong_{name}" / ASSIGNMENT / NOTEBOOK)
+    return [*controls, *(f"wrong_{n}" for n in CONTROLLED)]
 
 
 def _submissions(root: Path, out: Path) -> list[str]:
@@ -138,6 +212,7 @@ def _submissions(root: Path, out: Path) -> list[str]:
     listing = {**answers, "ex1_answer": "import os\nprint('TMP HOLDS', os.listdir('/tmp'))\n" + answers["ex1_answer"]}
     write_notebook(student_notebook(ASSIGNMENT, listing), root / "zz_control_after" / ASSIGNMENT / NOTEBOOK)
     write_notebook(student_notebook(ASSIGNMENT, answers), root / "aa_control_before" / ASSIGNMENT / NOTEBOOK)
+    names += _controlled_submissions(root)
     # A symlink to the solution instead of a notebook.
     (root / "attack_symlink_to_solution" / ASSIGNMENT).mkdir(parents=True)
     os.symlink(ROOT / "solutions" / ASSIGNMENT / NOTEBOOK, root / "attack_symlink_to_solution" / ASSIGNMENT / NOTEBOOK)
@@ -149,7 +224,7 @@ def graded(tmp_path_factory):
     root = tmp_path_factory.mktemp("hostile")
     out = tmp_path_factory.mktemp("hostile-out")
     names = _submissions(root, out)
-    env = {**os.environ, "COURSE_GRADER_SECRET": SECRET}
+    env = {**os.environ, "COURSE_GRADER_SECRET": SECRET, "COURSE_MEMORY_LOG": str(out / "memory.jsonl")}
     done = subprocess.run([sys.executable, "-m", "autograder", "grade", str(root), "--out", str(out),
                            "--timeout", "20", "--profile", "smoke", "--no-progress", "--workers", "2"],
                           cwd=ROOT, capture_output=True, text=True, timeout=1800, env=env)
@@ -301,3 +376,72 @@ def test_students_around_the_attackers_are_unaffected(graded):
     persisted = rows["attack_persist_into_next"]
     assert float(persisted["score"]) == float(persisted["max_score"]), persisted   # its own answers are right
     assert "left-behind" not in _autograded_text(out, "zz_control_after")
+
+
+@pytest.mark.parametrize("name", list(CONTROLLED))
+def test_an_attack_on_a_wrong_answer_scores_no_more_than_the_wrong_answer(graded, name):
+    rows = graded[0]
+    row, control = rows[f"wrong_{name}"], rows[CONTROLLED[name][0]]
+    assert 0 < float(control["score"]) < float(control["max_score"]), control    # the control is a wrong answer
+    assert row["status"] == "graded" and float(row["score"]) <= float(control["score"]), (row, control)
+
+
+def test_the_kernel_learns_nothing_of_the_hidden_seed(graded):
+    """What an answer can read in the kernel (its RNG's seed and state) and print into its
+    feedback is neither the grading secret nor any hidden test's seed of its submission."""
+    import re
+
+    import nbformat
+
+    from autograder.contract import submission_seed
+    from course.checks import _hidden
+
+    rows, out, _ = graded
+    text = _feedback(out, "wrong_seed_probe")
+    printed = {int(n) for n in re.findall(r"SEEDPROBE (\d+)", text)}
+    assert printed, text[-2000:]
+    secret = int((out / "nbgrader" / "grading-secret").read_text())
+    nb = nbformat.read(next((out / "nbgrader" / "autograded").rglob(f"wrong_seed_probe/{ASSIGNMENT}/{NOTEBOOK}")),
+                       as_version=4)
+    tags = set(re.findall(r'hidden_(?:seed|generator|rng)\(f?"([^"{]+)', (ROOT / "course/checks/ch01.py").read_text()))
+    _hidden.set_grading_seed(submission_seed(secret, nb))
+    try:
+        hidden = {_hidden.hidden_seed(t) for t in tags} | {_hidden.hidden_seed(t) % 2**31 for t in tags}
+    finally:
+        _hidden.set_grading_seed(None)
+    assert len(tags) > 5 and not printed & (hidden | {secret, secret % 2**63})
+    assert str(secret) not in text
+
+
+def test_the_kernel_cannot_import_the_checks(graded):
+    text = _autograded_text(graded[1], "attack_reference_listing")
+    assert "ORACLES False" in text and "SOURCE False" in text, text[-2000:]
+
+
+def test_the_grading_processes_stay_within_their_memory_bound(graded):
+    """Each grading process's peak memory, after each submission it graded: whatever a
+    submission returned or printed, none raised it by more than the bound over the peak
+    after the first submission that process graded (its start-up: imports, a first kernel)."""
+    import json
+
+    rows, out, _ = graded
+    seen: dict[int, list] = {}
+    for line in (out / "memory.jsonl").read_text().splitlines():
+        entry = json.loads(line)
+        seen.setdefault(entry["pid"], []).append((entry["student"], entry["peak_kib"]))
+    assert sum(len(v) for v in seen.values()) >= len(rows) - 1
+    for entries in seen.values():
+        first = entries[0][1]
+        worst = max(entries, key=lambda e: e[1])
+        assert worst[1] - first <= MEMORY_BOUND_KIB, (worst, first, entries)
+
+
+def test_what_a_submission_prints_or_returns_keeps_pages_small(graded):
+    rows, out, _ = graded
+    for name in ("long_failure_message", "print_flood_after_a_judged_cell"):
+        pages = list((out / "feedback" / f"wrong_{name}" / ASSIGNMENT).glob("*.html"))
+        notebooks = list((out / "nbgrader" / "autograded" / f"wrong_{name}").rglob("*.ipynb"))
+        assert pages and notebooks
+        assert sum(p.stat().st_size for p in pages + notebooks) < 16 << 20, name
+    for name in ("huge_size_reply", "forged_shared_refs_reply"):
+        assert "more than a test reads" in _feedback(out, f"wrong_{name}"), name

@@ -1,6 +1,7 @@
-"""Check helpers run in-process (fast), for every assignment: the solution passes every test
-cell, each common mistake fails the cells it should with the hint meant for it, and the
-untouched stubs fail with NotImplementedError only."""
+"""Check helpers run in-process (fast), judged through the same protocol as ``grade``, for
+every assignment: the solution passes every test cell, each common mistake fails the cells
+it should with the hint meant for it, and the untouched stubs fail with
+NotImplementedError only."""
 
 from __future__ import annotations
 
@@ -25,28 +26,44 @@ def _timed(cell) -> bool:
 
 def run_tests(assignment: str, answers: dict[str, str], with_timed: bool = False,
               only: tuple[str, ...] | None = None) -> dict[str, BaseException | None]:
-    """Execute the code cells in one namespace, answers replaced; test cell -> its exception.
+    """Run the notebook as ``grade`` does, in this process: answer, set-up and demo cells in
+    one namespace (the kernel's), and each test cell judged against it through the
+    kernel-less channel, whose requests and replies are serialised exactly as over the
+    socket to a sandboxed kernel. Returns test cell -> its exception.
 
     Training and scoring cells run only when ``with_timed``: a wrong part is caught by its
     unit tests, and training three models per mistake would take minutes."""
+    import tempfile
+    from pathlib import Path
+
+    from autograder.contract import setup_imports
+    from autograder.remote import local_channel, run_judged
+
+    nb = nbformat.read(ROOT / "solutions" / assignment / f"{assignment}.ipynb", as_version=4)
+    imports = setup_imports(nb)
     namespace: dict = {"__name__": "__main__"}
     results = {}
-    for cell in _code_cells(assignment):
-        if _timed(cell) and not with_timed:
-            continue
-        meta = cell.metadata.get("nbgrader", {})
-        if only is not None and not meta.get("solution") and grade_id(cell) != "setup" and grade_id(cell) not in only:
-            continue  # a mistake needs the answers and its own failing test cells, nothing else
-        source = answers.get(grade_id(cell), cell.source)
-        try:
-            exec(compile(source, grade_id(cell) or "cell", "exec"), namespace)
-            error = None
-        except Exception as err:  # noqa: BLE001 - we record what each cell raised
-            error = err
-        if meta.get("grade"):
-            results[grade_id(cell)] = error
-        elif error is not None and not meta.get("solution"):
-            raise error  # set-up and demo cells must run even with stubs
+    with tempfile.TemporaryDirectory(prefix="judge-io-") as io_dir:
+        channel = local_channel(namespace, Path(io_dir))
+        for cell in _code_cells(assignment):
+            if _timed(cell) and not with_timed:
+                continue
+            meta = cell.metadata.get("nbgrader", {})
+            if only is not None and not meta.get("solution") and grade_id(cell) != "setup" and grade_id(cell) not in only:
+                continue  # a mistake needs the answers and its own failing test cells, nothing else
+            source = answers.get(grade_id(cell), cell.source)
+            try:
+                if meta.get("grade"):
+                    run_judged(source, channel, imports, ROOT)
+                else:
+                    exec(compile(source, grade_id(cell) or "cell", "exec"), namespace)
+                error = None
+            except Exception as err:  # noqa: BLE001 - we record what each cell raised
+                error = err
+            if meta.get("grade"):
+                results[grade_id(cell)] = error
+            elif error is not None and not meta.get("solution"):
+                raise error  # set-up and demo cells must run even with stubs
     return results
 
 

@@ -129,13 +129,13 @@ def describe(value: Any) -> str:
 
 
 def _describe(value: Any) -> str:
-    if type(value).__module__.startswith("autograder"):   # an object that lives in the student's kernel
-        return "an object of your code"
-    if isinstance(value, torch.Tensor):
+    if isinstance(value, torch.Tensor):   # a tensor of the kernel's too: its values are here
         where = "" if value.device.type == "cpu" else f" on {value.device}"
         if value.numel() <= 6 and value.dim() <= 1:
             return f"the {value.dtype} tensor {value.tolist()}{where}"
         return f"a {value.dtype} tensor of shape {tuple(value.shape)}{where}"
+    if type(value).__module__.startswith("autograder"):   # an object that lives in the student's kernel
+        return "an object of your code"
     if isinstance(value, (list, tuple)) and len(value) > 6:
         return f"a {type(value).__name__} of {len(value)} items"
     text = repr(value)

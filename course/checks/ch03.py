@@ -21,59 +21,18 @@ import math
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_leaves
 
 from ._core import CheckFailed, call, earlier_first, expect, expect_close, expect_tensor, fail, forbid, generator
 from ._core import judge_prediction
 from ._core import one_thread as _one_thread, same as _same
 from ._hidden import hidden_generator, hidden_rng, hidden_seed
+from ._recorders import LargestTensor as _LargestTensor
 
 # ----------------------------------------------------------------------------- helpers
 
 
 
 
-
-
-class _LargestTensor(TorchDispatchMode):
-    """Records the largest storage (bytes) of any tensor an operation returns inside the block."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.nbytes, self.op = 0, ""
-        self._remote = None
-
-    # Judged outside the kernel, the student's code runs in the kernel: record there too,
-    # and take the kernel's record after each call.
-    def __enter__(self):
-        from .. import probe
-
-        self._remote = probe.kernel_context("course.checks.ch03:_LargestTensor", owner=self)
-        self._remote.__enter__()
-        return super().__enter__()
-
-    def __exit__(self, *exc):
-        try:
-            return super().__exit__(*exc)
-        finally:
-            self._remote.__exit__(*exc)
-
-    def remote_state(self) -> dict:
-        return {"nbytes": self.nbytes, "op": self.op}
-
-    def absorb(self, state: dict) -> None:
-        if isinstance(state, dict) and int(state.get("nbytes", 0)) > self.nbytes:
-            self.nbytes, self.op = int(state["nbytes"]), str(state.get("op", ""))
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        for t in tree_leaves(out):
-            if isinstance(t, torch.Tensor):
-                n = t.untyped_storage().nbytes()
-                if n > self.nbytes:
-                    self.nbytes, self.op = n, str(func.overloadpacket.__name__)
-        return out
 
 
 _SDPA = ((F, "scaled_dot_product_attention"), (F, "multi_head_attention_forward"))

@@ -67,6 +67,62 @@ class ShortcutUsed(CheckFailed):
     """The answer called a built-in that the exercise asks you to write yourself."""
 
 
+class NotWrittenYet(NotImplementedError):
+    """A stub's ``raise NotImplementedError()`` reached a check: the answer is not written yet.
+
+    In Jupyter it shows as one line naming the function to write, not as a traceback through
+    the checker (``%tb`` shows that). It is reported under the name NotImplementedError (a
+    notebook's error output, the grader's results), as the stub raised."""
+
+    @classmethod
+    def of(cls, stub: NotImplementedError, label: str) -> "NotWrittenYet":
+        """``label`` is what the check called (``Embedding(...)``); the stub's own frame, when
+        it ran in this process, names the method more precisely (``Embedding.__init__``)."""
+        import re
+
+        frames = _student_traceback_frames(stub)
+        where = frames[-1].f_code.co_qualname if frames else (re.match(r"[\w.]*", label).group() or label)
+        return cls(f"{where} is not written yet: replace the `raise NotImplementedError()` "
+                   f"in its answer cell with your code.")
+
+    def _render_traceback_(self) -> list[str]:
+        if _full_traceback_wanted():
+            import traceback
+
+            return "".join(traceback.format_exception(type(self), self, self.__traceback__)).splitlines()
+        return [str(self)]
+
+
+NotWrittenYet.__name__ = "NotImplementedError"   # the error's name in outputs; its qualname stays
+
+
+def not_written(err: NotImplementedError, label: str) -> NotImplementedError:
+    """What a check raises when the student's code raised ``err``: NotWrittenYet for a stub's
+    bare ``raise NotImplementedError()``, ``err`` itself for any other (a message of its own,
+    or already NotWrittenYet). For checks that call the student's code without :func:`call`."""
+    if isinstance(err, NotWrittenYet) or str(err):   # a judged stub's comes back with an empty message
+        return err
+    short = NotWrittenYet.of(err, label)
+    short.__cause__ = err
+    return short
+
+
+def _student_traceback_frames(err: BaseException) -> list:
+    """The frames of ``err``'s traceback that ran the student's code: not the course's, the
+    grader's or an installed package's (a stub judged from the grader has none here)."""
+    import sys
+    from pathlib import Path
+
+    course = Path(__file__).resolve().parents[1]
+    ours = (str(course), str(course.parent / "autograder"), sys.prefix, sys.base_prefix)
+    frames, tb = [], err.__traceback__
+    while tb is not None:
+        if not str(Path(tb.tb_frame.f_code.co_filename).resolve()).startswith(ours):
+            frames.append(tb.tb_frame)
+        tb = tb.tb_next
+    return frames
+
+
 QUOTE_LIMIT = 3000     # characters of a failure's text: what it quotes of an answer can be anything
 
 
@@ -107,10 +163,13 @@ def judge_prediction(name: str, value: Any, answer: float, *, unit_hint: str, as
 
 
 def call(fn: Callable, *args: Any, name: str | None = None, **kwargs: Any) -> Any:
-    """Call the student's function; a stub's NotImplementedError passes through unchanged."""
+    """Call the student's function; a stub's bare NotImplementedError becomes NotWrittenYet,
+    which names the function to write (any other NotImplementedError passes through)."""
     try:
         return fn(*args, **kwargs)
-    except (NotImplementedError, CheckFailed):
+    except NotImplementedError as err:
+        raise not_written(err, name or getattr(fn, "__name__", "your code"))
+    except CheckFailed:
         raise
     except Exception as err:
         label = name or getattr(fn, "__name__", "your code")

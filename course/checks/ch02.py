@@ -21,7 +21,7 @@ from typing import Callable
 import torch
 import torch.nn as nn
 
-from ._core import CheckFailed, call, expect, expect_close, expect_tensor, fail, generator
+from ._core import CheckFailed, call, expect, expect_close, expect_tensor, fail, generator, not_written
 from ._hidden import hidden_generator, hidden_rng, hidden_seed
 
 # ----------------------------------------------------------------------------- oracles
@@ -82,7 +82,9 @@ def _call_explained(fn: Callable, *args, name: str, explain: Callable[[BaseExcep
     the likely cause (else the generic hint)."""
     try:
         return fn(*args)
-    except (NotImplementedError, CheckFailed):
+    except NotImplementedError as err:
+        raise not_written(err, getattr(fn, "__name__", name))
+    except CheckFailed:
         raise
     except Exception as err:
         hint = explain(err) or ("read the traceback above this message; the inputs were valid for the signature in "
@@ -244,8 +246,8 @@ def check_is_permutation_equivariant(is_permutation_equivariant, hidden: bool = 
         x_before = x.clone()
         try:
             got = is_permutation_equivariant(fn, x, perm, atol=atol)
-        except NotImplementedError:
-            raise
+        except NotImplementedError as err:
+            raise not_written(err, "is_permutation_equivariant")
         except (IndexError, RuntimeError) as err:
             raise CheckFailed(
                 f"is_permutation_equivariant raised {type(err).__name__} on {name}: {err}\n"

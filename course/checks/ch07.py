@@ -25,8 +25,8 @@ from ..capstone.profiles import ClassifierConfig, LMConfig, Seq2SeqConfig, curre
 from ..capstone.weights import save_checkpoint
 from ..device import get_device
 from . import ch05, ch06
-from ._core import (CheckFailed, call, earlier_first, expect, expect_close, expect_tensor, fail, forbid,
-                    generator, own_fault, same)
+from ._core import (CheckFailed, NotWrittenYet, call, earlier_first, expect, expect_close, expect_tensor, fail,
+                    forbid, generator, not_written, own_fault, same)
 from ._hidden import hidden_generator, hidden_rng, hidden_seed
 
 CHECKPOINTS = Path("capstone_checkpoints")
@@ -464,8 +464,8 @@ def _check_generate(generate, hidden: bool) -> None:
     except IndexError as err:
         fail(f"generate fed the model more than block_size tokens ({err}).",
              "crop the context to the last block_size ids before each forward pass: ids[:, -block_size:].")
-    except NotImplementedError:
-        raise
+    except NotImplementedError as err:
+        raise not_written(err, "generate")
     expect_tensor(out, (1, 11), "generate output")
     expect(torch.equal(out[:, :3], prompt), "the output must start with the prompt.", "concatenate new ids after it.")
     expect(out[0, 3:].tolist() == [6, 7, 8, 9, 0, 1, 2, 3],
@@ -506,8 +506,8 @@ def _check_generate_drawn(generate) -> None:
     except IndexError as err:
         fail(f"generate fed the model more than block_size tokens ({err}).",
              "crop the context to the last block_size ids before each forward pass: ids[:, -block_size:].")
-    except NotImplementedError:
-        raise
+    except NotImplementedError as err:
+        raise not_written(err, "generate")
     expect_tensor(out, (1, P + n_new), "generate output")
     expect(torch.equal(out[:, :P], prompt), "the output must start with the prompt.", "concatenate new ids after it.")
     chain = [(int(prompt[0, -1]) + 1 + i) % vocab for i in range(n_new)]
@@ -1209,7 +1209,7 @@ def _result(name: str, value: float, limit: float, better: str, baseline: str, a
 
 def _trained(model, exercises: str, then: str = ""):
     if model is None:
-        raise NotImplementedError(f"nothing was trained: finish exercises {exercises} first.{then}")
+        raise NotWrittenYet(f"nothing was trained: finish exercises {exercises} first.{then}")
     return model
 
 

@@ -6,6 +6,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from .book_pages import write_linked_pages
 from .coursetree import CourseTree
 from .settings import GradingSettings
 
@@ -14,7 +15,8 @@ def generate_exercises(solutions_dir: Path, exercises_dir: Path) -> list[str]:
     """Write one release folder per assignment under ``exercises_dir``; return their names.
 
     Folders in ``exercises_dir`` that no longer have a solution are removed, so the two
-    trees always match.
+    trees always match. The book's pages that the notebooks link to are written beside the
+    folders (:mod:`autograder.book_pages`).
     """
     exercises_dir = Path(exercises_dir)
     with tempfile.TemporaryDirectory(prefix="course-generate-") as tmp:
@@ -30,4 +32,5 @@ def generate_exercises(solutions_dir: Path, exercises_dir: Path) -> list[str]:
             if target.exists():
                 shutil.rmtree(target)
             shutil.copytree(release, target)
+    write_linked_pages(solutions_dir, exercises_dir)    # the book's pages they link to, beside them
     return assignments

@@ -14,9 +14,16 @@ export PATH := $(abspath $(VENV))/bin:$(PATH)
 # build itself (book/_ext/offline_book.py), so that it reads offline.
 VENDOR := node_modules/.installed
 
-.PHONY: env sandbox browser vendor live book test test-fast exercises grade check clean
+# The learner's JupyterLab (`.venv/bin/jupyter lab exercises/`) without nbgrader's panels and
+# menus (Create Assignment, Formgrader, courses, assignment list, validate): this course
+# self-checks with `make check` and has no nbgrader exchange. Written into the environment's
+# own Jupyter configuration (.venv/etc/jupyter), so `jupyter labextension enable` undoes it.
+LEARNER := $(VENV)/.learner-jupyter
+NBGRADER_SERVER := formgrader validate_assignment assignment_list course_list
 
-env: $(STAMP) sandbox
+.PHONY: env sandbox browser vendor live book test test-fast exercises grade check check-run clean
+
+env: $(STAMP) $(LEARNER) sandbox
 
 # The grading sandbox (bubblewrap, with prlimit and setpriv from util-linux). Installed
 # with apt-get when running as root (as in CI); otherwise README says how.
@@ -60,6 +67,12 @@ book: $(STAMP) $(VENDOR)
 live: $(STAMP)
 	$(PY) book/_ext/live.py $(PAGE)
 
+$(LEARNER): $(STAMP)
+	$(VENV)/bin/jupyter labextension disable --level=sys_prefix @jupyter/nbgrader >/dev/null 2>&1
+	for ext in $(NBGRADER_SERVER); do \
+	  $(VENV)/bin/jupyter server extension disable --sys-prefix nbgrader.server_extensions.$$ext >/dev/null 2>&1 || exit 1; done
+	touch $@
+
 test: $(STAMP) sandbox $(VENDOR) browser
 	$(PY) -m pytest
 
@@ -73,9 +86,17 @@ grade: $(STAMP) sandbox
 	@test -n "$(SUBMISSIONS)" || (echo "usage: make grade SUBMISSIONS=<dir> OUT=<dir>"; exit 2)
 	$(PY) -m autograder grade "$(SUBMISSIONS)" --out "$(or $(OUT),grading-output)" $(if $(WORKERS),--workers $(WORKERS))
 
-check: $(STAMP)
+# `make check` ends with a sentence, not with make's `*** [Makefile:..: check] Error 1` (which
+# reads as a crash), and still exits non-zero when a visible test fails (status 2, make's own).
+# check-run records the self-check's status; check's recipe is expanded after it has run.
+CHECK_STATUS := $(VENV)/.check-status
+check: check-run
+	@$(if $(filter 1,$(shell cat $(CHECK_STATUS))),$(error Some visible tests failed: the cells marked FAILED above say why),:)
+	@$(if $(filter-out 0 1,$(shell cat $(CHECK_STATUS))),$(error The self-check could not run: see the message above),:)
+
+check-run: $(STAMP)
 	@test -n "$(NB)" || (echo "usage: make check NB=exercises/<assignment>/<notebook>.ipynb"; exit 2)
-	$(PY) -m autograder check "$(NB)"
+	@$(PY) -m autograder check "$(NB)"; echo $$? > $(CHECK_STATUS)
 
 clean:
 	rm -rf _build .pytest_cache

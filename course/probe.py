@@ -224,7 +224,8 @@ _OPS = {
     # The grader's backward pass reached one of the kernel's tensors: continue it through the
     # student's graph with the gradient the grader computed (plain data).
     "backward": lambda target, args, kwargs: _AUTOGRAD_BACKWARD([target], [args[0]], retain_graph=True),
-    "release": lambda target, args, kwargs: [d.clear() for d in (_OBJECTS, _NUMBERS, _MIRRORS, _TWINS, _TWIN_PARTS)],
+    "release": lambda target, args, kwargs: [d.clear() for d in (_OBJECTS, _NUMBERS, _MIRRORS, _TWINS, _TWIN_PARTS,
+                                                                 _TWIN_SEEN)],
 }
 
 
@@ -266,7 +267,7 @@ def serve(request_path: str, reply_path: str) -> None:
         before = [(t._version, plain_copy(t)) for t in arguments]
         with contextlib.ExitStack() as stack:
             stack.enter_context(torch.random.fork_rng(devices=_rng_devices()))
-            torch.manual_seed(int(request["seed"]))
+            _seed_rngs(int(request["seed"]))
             # Each call shows its warnings afresh (as a kernel request of its own would), so
             # that a warning is shown under the visible test that caused it.
             stack.enter_context(warnings.catch_warnings())
@@ -286,7 +287,7 @@ def serve(request_path: str, reply_path: str) -> None:
                           "traceback": "".join(traceback.format_exception(err))[-6000:]}
     reply["contexts"] = {number: obj.remote_state() for number, obj in entered if hasattr(obj, "remote_state")}
     reply["grads"] = _gradient_increments()
-    reply["twins"] = {n: {k: plain_copy(v) for k, v in m.state_dict().items()} for n, m in _TWINS.items()}
+    reply["twins"] = _changed_twins()
     torch.save(reply, reply_path)
 
 
@@ -322,6 +323,29 @@ def _gradient_increments() -> dict[int, torch.Tensor | None]:
             out[number] = plain_copy(tensor.grad)
             tensor.grad = None
     return out
+
+
+_TWIN_SEEN: dict[int, tuple] = {}     # twin number -> the versions of its state last sent
+
+
+def _changed_twins() -> dict[int, dict[str, torch.Tensor]]:
+    """The state of each grader's module whose tensors changed since it was last sent (in
+    place or replaced), so that the grader's own module sees what the student's code did."""
+    out = {}
+    for number, module in _TWINS.items():
+        state = module.state_dict(keep_vars=True)
+        versions = tuple((k, id(v), v._version) for k, v in state.items())
+        if _TWIN_SEEN.get(number) != versions:
+            _TWIN_SEEN[number] = versions
+            out[number] = {k: plain_copy(v) for k, v in state.items()}
+    return out
+
+
+def _seed_rngs(seed: int) -> None:
+    """``torch.manual_seed`` without its wrappers (a few ms each, for thousands of calls)."""
+    torch.default_generator.manual_seed(seed)
+    if _rng_devices():
+        torch.cuda.manual_seed_all(seed)
 
 
 def _rng_devices() -> list[int]:

@@ -44,7 +44,6 @@ def run_tests(assignment: str, answers: dict[str, str], with_timed: bool = False
     namespace: dict = {"__name__": "__main__"}
     results = {}
     with tempfile.TemporaryDirectory(prefix="judge-io-") as io_dir:
-        channel = local_channel(namespace, Path(io_dir))
         for cell in _code_cells(assignment):
             if _timed(cell) and not with_timed:
                 continue
@@ -53,8 +52,12 @@ def run_tests(assignment: str, answers: dict[str, str], with_timed: bool = False
                 continue  # a mistake needs the answers and its own failing test cells, nothing else
             source = answers.get(grade_id(cell), cell.source)
             try:
-                if meta.get("grade"):
-                    run_judged(source, channel, imports, ROOT)
+                if meta.get("grade"):    # a channel per cell, released after it, as the executor does
+                    channel = local_channel(namespace, Path(io_dir))
+                    try:
+                        run_judged(source, channel, imports, ROOT)
+                    finally:
+                        channel.request("release", None)
                 else:
                     exec(compile(source, grade_id(cell) or "cell", "exec"), namespace)
                 error = None

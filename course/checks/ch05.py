@@ -1324,8 +1324,8 @@ def _tiny_copy(model: nn.Module, vocab: int, d: int) -> _TinyReference:
 
 
 def _build_tiny(TinyCausalLM, vocab: int, d: int, block: int, seed: int) -> nn.Module:
-    torch.manual_seed(seed)
-    model = call(TinyCausalLM, vocab, d, block, name="TinyCausalLM")
+    with probe.kernel_seed(seed):    # the cases below were chosen on the weights this seed gives
+        model = call(TinyCausalLM, vocab, d, block, name="TinyCausalLM")
     expect(isinstance(model, nn.Module), "TinyCausalLM(...) should build an nn.Module.",
            "subclass nn.Module and call super().__init__() first.")
     for name, kind in _TINY_PARTS:

@@ -1,0 +1,62 @@
+"""Sphinx extension: the book's kernels talk to the build over local sockets, and are shut
+down without an interrupt, so that a successful build logs neither warnings nor errors.
+
+- ipykernel 7 warns, once per kernel, "Kernel is running over TCP without encryption"
+  (36 lines in a build of the book): the build and its kernels share one machine, so their
+  sockets here are IPC sockets in Jupyter's runtime folder (a folder only its user can
+  open), with nothing to warn about.
+- jupyter_client's shutdown first interrupts the kernel (SIGINT) and then asks it to stop.
+  A page's kernel is idle by then; when the signal lands while it handles a message, it logs
+  ``ERROR | KeyboardInterrupt caught in kernel`` (once in a build of the book). The request
+  to stop is enough (a kernel that does not stop is killed after it, as before).
+
+The pages run through Jupyter Book's cache (jupyter-cache hands each page to nbclient), so
+the kernel manager below is given to that call.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import uuid
+
+from jupyter_client import AsyncKernelManager
+from traitlets import default
+
+
+class LocalKernelManager(AsyncKernelManager):
+    """A kernel over IPC sockets in Jupyter's runtime folder, shut down without SIGINT."""
+
+    @default("transport")
+    def _transport_default(self) -> str:
+        return "ipc"
+
+    @default("ip")
+    def _ip_default(self) -> str:
+        # an absolute path: the kernel starts in the page's folder, the build elsewhere
+        from jupyter_core.paths import jupyter_runtime_dir
+
+        runtime = jupyter_runtime_dir()
+        os.makedirs(runtime, mode=0o700, exist_ok=True)
+        return os.path.join(runtime, f"book-kernel-{uuid.uuid4().hex[:12]}")
+
+    async def _async_interrupt_kernel(self) -> None:
+        if self.shutting_down:      # the shutdown request that follows is enough
+            return
+        await super()._async_interrupt_kernel()
+
+
+def install() -> None:
+    """Execute the book's pages with LocalKernelManager (idempotent)."""
+    from jupyter_cache.executors import utils
+
+    if getattr(utils.executenb, "local_kernels", False):
+        return
+    execute = functools.partial(utils.executenb, kernel_manager_class=LocalKernelManager)
+    execute.local_kernels = True
+    utils.executenb = execute
+
+
+def setup(app):
+    install()
+    return {"parallel_read_safe": True, "parallel_write_safe": True}

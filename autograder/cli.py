@@ -100,8 +100,8 @@ def main(argv: list[str] | None = None) -> int:
                                 show_progress=not args.no_progress, workers=workers, force=args.force,
                                 student=args.student, cluster=args.cluster)
             total = sum(r.score for r in rows)
-            print(f"graded {len(rows)} submission(s), {total:g} points in all; "
-                  f"wrote {args.out / 'grades.csv'} and {args.out / 'feedback'}/")
+            print(f"{args.out / 'grades.csv'}: {len(rows)} submission(s), {total:g} points in all; "
+                  f"feedback in {args.out / 'feedback'}/")
             return 0
         if args.command == "doctor":
             from .doctor import run_doctor

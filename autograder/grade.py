@@ -340,8 +340,9 @@ class Grader:
             raise
         log.start(identity, kept, previous.digests if previous else {})
         rows = [GradeRow.from_csv(r) for r in kept.values()]
-        bar = tqdm(total=len(pending), desc="grading", unit="submission", disable=not show_progress)
-        tqdm.write(f"{'student':<24} {'assignment':<22} {'score':>7} {'max':>5}  status")
+        bar = tqdm(total=len(pending), desc="grading", unit="submission", disable=not show_progress or not pending)
+        if pending:        # a rerun that changes nothing has no table to show
+            tqdm.write(f"{'student':<24} {'assignment':<22} {'score':>7} {'max':>5}  status")
         for found, row in self._graded(pending):
             bar.update(1)
             bar.set_postfix_str(_printable(f"{found.student}/{found.assignment}"))
@@ -380,6 +381,9 @@ class Grader:
         pending = [f for f in todo if f.key not in kept]
         if kept and not previous.finished:
             tqdm.write(f"resuming the unfinished run in {self.out}: {len(kept)} row(s) kept, {len(pending)} to grade")
+        elif kept and not pending:
+            tqdm.write(f"nothing to grade: no submission changed since the last run in {self.out}; its "
+                       f"{len(kept)} row(s) are kept as they are (--force grades everything again)")
         elif kept:
             tqdm.write(f"{len(kept)} row(s) unchanged since the last run in {self.out}, {len(pending)} to grade "
                        f"(--force grades everything again)")

@@ -127,9 +127,12 @@ def reruns(runs):
     return steps
 
 
-def test_an_unchanged_rerun_grades_nothing(reruns):
+def test_an_unchanged_rerun_grades_nothing_and_says_so(reruns):
     assert reruns["same"] == reruns["before"], reruns["same_output"]
-    assert "4 row(s) unchanged since the last run" in reruns["same_output"] and "0 to grade" in reruns["same_output"]
+    output = reruns["same_output"]
+    assert "nothing to grade: no submission changed since the last run" in output and "its 4 row(s)" in output
+    assert not any(line.startswith("student ") for line in output.splitlines()), output     # no empty table
+    assert "graded " not in output and "4 submission(s)" in output, output
 
 
 def test_a_changed_notebook_is_the_only_one_regraded(reruns):

@@ -20,6 +20,7 @@ import os
 import signal
 import time
 from pathlib import Path
+import zmq
 
 from jupyter_client.manager import AsyncKernelManager
 from nbclient.exceptions import DeadKernelError
@@ -69,6 +70,18 @@ def kernel_processes(root_pid: int) -> list[int]:
     return found
 
 
+MAX_MESSAGE_BYTES = 32 << 20   # one message from the kernel (a cell keeps at most output_limit of its output)
+QUEUED_MESSAGES = 4            # waiting unread in the grader, per socket
+
+
+def _bounded(client):
+    """``client`` with its sockets (made when its channels start) refusing large messages."""
+    client.context.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE_BYTES)
+    # ... and at most this many messages wait here unread (more wait in the kernel's queue).
+    client.context.setsockopt(zmq.RCVHWM, QUEUED_MESSAGES)
+    return client
+
+
 class SandboxedKernelManager(AsyncKernelManager):
     """A kernel manager whose kernel runs under the sandbox's command line, talking over
     Unix sockets in the sandbox's socket folder (its network namespace is empty)."""
@@ -78,6 +91,14 @@ class SandboxedKernelManager(AsyncKernelManager):
     def format_kernel_cmd(self, extra_arguments=None):
         cmd = super().format_kernel_cmd(extra_arguments)
         return self.sandbox.prefix() + cmd if self.sandbox is not None else cmd
+
+    # The kernel is hostile: a message over MAX_MESSAGE_BYTES (output, a reply) drops its
+    # connection instead of being read into the grader whole; every client of ours bounds it.
+    def client(self, **kwargs):
+        return _bounded(super().client(**kwargs))
+
+    def blocking_client(self):
+        return _bounded(super().blocking_client())
 
     def write_connection_file(self, **kwargs):
         result = super().write_connection_file(**kwargs)
@@ -131,8 +152,11 @@ class CourseExecute(Execute):
 
     death_reason = Unicode("")
     # After a cell's reply, its last outputs (a figure, a progress bar) may lag on a busy
-    # machine; nbgrader fails the whole notebook when they are late, so wait longer.
-    iopub_timeout = Integer(60).tag(config=True)
+    # machine: wait for them a while ...
+    iopub_timeout = Integer(15).tag(config=True)
+    # ... and when they never come (a message over MAX_MESSAGE_BYTES dropped the connection),
+    # the notebook goes on: the cell keeps what was read of its output.
+    raise_on_iopub_timeout = Bool(False).tag(config=True)
 
     def __init__(self, *args, **kwargs):
         kwargs.setdefault("kernel_manager_class", SandboxedKernelManager)
@@ -141,6 +165,7 @@ class CourseExecute(Execute):
         self._judge_client = None
         self._imports = ""
         self._submission_seed = 0
+        self._output_monitor = None
         self._output_bytes = 0
         self._judge_printed, self._judge_printed_bytes = [], 0
 
@@ -164,6 +189,9 @@ class CourseExecute(Execute):
         try:
             return super().preprocess(nb, resources, km)
         finally:
+            if self._output_monitor is not None:
+                self._output_monitor.close(linger=0)
+                self._output_monitor = None
             if self._judge_client is not None:
                 self._judge_client.stop_channels()
                 self._judge_client = None
@@ -192,6 +220,7 @@ class CourseExecute(Execute):
             self._drain_iopub()
             return cell, resources
         default = self.timeout
+        monitor = self._watch_output_stream()
         try:
             self.timeout = limit
             return super().preprocess_cell(cell, resources, index)
@@ -200,6 +229,17 @@ class CourseExecute(Execute):
             return cell, resources
         finally:
             self.timeout = default
+            if monitor is not None and monitor.getsockopt(zmq.EVENTS) & zmq.POLLIN and self._kernel_alive():
+                # A message over MAX_MESSAGE_BYTES cut the output stream for good: stop here.
+                grade_id = contract.grade_id(cell) or f"cell {index}"
+                self._stop_kernel(f"{grade_id} sent output in one message of more than "
+                                  f"{MAX_MESSAGE_BYTES >> 20} MiB, which the grader does not read; the kernel was stopped")
+
+    def _watch_output_stream(self):
+        """A monitor of the notebook client's output stream: readable once it was cut."""
+        if self._output_monitor is None and self.kc is not None and self.kc.iopub_channel is not None:
+            self._output_monitor = self.kc.iopub_channel.socket.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+        return self._output_monitor
 
     async def _async_handle_timeout(self, timeout, cell=None):
         # A sandboxed kernel does not reliably stop on an interrupt (seen with ipykernel 7

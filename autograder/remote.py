@@ -101,7 +101,7 @@ class Channel:
                    "contexts": [(n, factory, a, k) for n, factory, a, k, _ in contexts]}
         _PICKLING[0] += 1
         try:
-            request_path.write_bytes(cloudpickle.dumps(payload))
+            request_path.write_bytes(dumps(payload))
         finally:
             _PICKLING[0] -= 1
         remaining = self.deadline - time.monotonic()
@@ -245,6 +245,24 @@ class Channel:
     @staticmethod
     def _key(value: Any) -> Any:
         return tuple(value) if isinstance(value, list) else value
+
+
+def dumps(payload: Any) -> bytes:
+    """A request as bytes. What the checks define (a test model, a closure) travels by value:
+    the kernel has no chapter checks to import it from (:mod:`autograder.kernel_view`)."""
+    import sys
+
+    from .kernel_view import KERNEL_SIDE_CHECKS
+
+    kept = {f"course.checks.{name[:-3]}" for name in KERNEL_SIDE_CHECKS if name != "__init__.py"}
+    for name, module in list(sys.modules.items()):
+        if name.startswith("course.checks.") and name not in kept and name not in _BY_VALUE:
+            cloudpickle.register_pickle_by_value(module)
+            _BY_VALUE.add(name)
+    return cloudpickle.dumps(payload)
+
+
+_BY_VALUE: set[str] = set()
 
 
 def read_reply(path: Path) -> dict:

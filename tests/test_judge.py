@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import pickle
 import textwrap
+from pathlib import Path
 
 import pytest
 import torch
@@ -197,3 +198,24 @@ def test_hidden_inputs_depend_on_the_secret_and_the_answers_only():
     answer.source += "\n# a changed answer"
     assert submission_seed(7, nb) != seed
     assert probe.pinned_seed() is None
+
+
+def test_what_a_check_defines_reaches_a_kernel_that_has_no_checks(tmp_path):
+    """A test model of a chapter's checks, sent to a kernel that reads the course as the
+    sandbox shows it (no chapter checks to import it from), arrives whole."""
+    import subprocess
+    import sys
+
+    from autograder.kernel_view import build
+    from course.checks import ch05
+
+    build(Path(ch05.__file__).resolve().parents[1], tmp_path / "view" / "course")
+    request = tmp_path / "request.pkl"
+    request.write_bytes(remote.dumps({"args": (ch05._GroupsModel(),)}))
+    done = subprocess.run([sys.executable, "-c", (
+        "import pickle, sys, course.checks.ch05 as c\n"
+        "assert not hasattr(c, '__file__') or 'view' in c.__file__, c.__file__\n"
+        f"model = pickle.load(open({str(request)!r}, 'rb'))['args'][0]\n"
+        "print(type(model).__name__, sum(p.numel() for p in model.parameters()) > 0)")],
+        capture_output=True, text=True, cwd=tmp_path, env={"PYTHONPATH": str(tmp_path / "view"), "PATH": "/usr/bin:/bin"})
+    assert done.returncode == 0 and done.stdout.split() == ["_GroupsModel", "True"], done.stderr[-2000:]

@@ -28,8 +28,12 @@ LEFT_OUT = frozenset({"_hidden.py"})
 
 STAND_IN = '''"""Chapter checks, as a graded kernel sees them: they run in the grader, not here.
 
-(In your own JupyterLab, ``course/checks/{name}`` is the real module: read it there.)
+(In your own JupyterLab, ``course/checks/{name}`` is the real module: read it there.) A
+``check_*`` does nothing here, a ``*_passes`` says no, and any other helper (a demo's
+measurement) raises CheckFailed, which the demo cells catch.
 """
+
+from ._core import CheckFailed, ShortcutUsed  # noqa: F401 - what notebooks catch
 
 
 def __getattr__(name):
@@ -37,6 +41,10 @@ def __getattr__(name):
         raise AttributeError(name)
 
     def judged_by_the_grader(*args, **kwargs):
+        if name.endswith("_passes"):
+            return False
+        if not name.startswith("check_"):
+            raise CheckFailed(f"checks.{{name}} runs in your own JupyterLab, not while grading")
         print(f"checks.{{name}}: while grading, the tests run in the grader, not in this kernel")
 
     judged_by_the_grader.__name__ = name

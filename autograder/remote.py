@@ -69,6 +69,7 @@ class Channel:
         self._mirror_numbers: dict[int, int] = {}
         self.twins: dict[int, torch.nn.Module] = {}   # our modules handed to the student's code
         self._twin_numbers: dict[int, int] = {}
+        self._twins_delivered: set[int] = set()     # twins the kernel holds a copy of
         self._attributes: dict[tuple[int, str], Any] = {}   # read since the student's code last ran
         self.generation = 0          # how many times the student's code may have run
         self._parts = 0
@@ -114,6 +115,8 @@ class Channel:
                                    f"({(error or 'no reply').strip().splitlines()[-1][:300]}); "
                                    "was something of the course's code replaced?")
         reply = read_reply(reply_path)
+        if "error" not in reply:
+            self._twins_delivered.update(self.twins)
         self._absorb(reply, contexts)
         self._apply_changes(originals, reply.get("changed"))
         if reply.get("stop"):
@@ -192,7 +195,9 @@ class Channel:
         if isinstance(value, torch.nn.Module):
             number = self._twin_numbers.setdefault(id(value), next(_NUMBERS))
             self.twins[number] = value
-            return _TwinToken(number, value)
+            # Once the kernel holds its copy, the number alone: a module (its class by value)
+            # pickled into every request cost more than the student's code it ran.
+            return _TwinToken(number, None if number in self._twins_delivered else value)
         if type(value) in (list, tuple):
             return type(value)(self._mirrored(v) for v in value)
         if type(value) is dict:

@@ -163,10 +163,13 @@ _TWINS: dict[int, torch.nn.Module] = {}          # the grader's modules, as copi
 _TWIN_PARTS: dict[int, tuple[int, str, str]] = {}   # id(part) -> (twin number, kind, dotted name)
 
 
-def twin(number: int, module: torch.nn.Module) -> torch.nn.Module:
+def twin(number: int, module: torch.nn.Module | None) -> torch.nn.Module:
     """Unpickling hook for a grader's module handed to the student's code: the kernel keeps
-    one copy; replies name its parts by path, and its state goes back after each request,
-    so the grader's own module sees what the student's code did to it."""
+    one copy (sent once: later requests send its number alone, ``module`` None); replies
+    name its parts by path, and its state goes back when it changed, so the grader's own
+    module sees what the student's code did to it."""
+    if module is None:
+        return _TWINS[number]
     if number not in _TWINS:
         _TWINS[number] = module
         _TWIN_PARTS[id(module)] = (number, "module", "")

@@ -111,61 +111,64 @@ def _attacks(out: Path, submissions: Path = Path("/x")) -> dict[str, tuple[str, 
         "sys_modules_torch": ("import sys\nsys.modules['torch'].allclose = lambda *a, **k: True\n", True),
         "eval_exec": ("exec(compile('checks = None', 'x', 'exec'))\neval('1 + 1')\n", True),
         "reference_listing": ("import importlib, pkgutil\nc = importlib.import_module('course.checks.ch01')\n"
-                              "print('ORACLES', c._pair_counts_oracle([1, 1]) is not None)\n"
+                              "try:\n    found = c._pair_counts_oracle([1, 1]) is not None\n"
+                              "except Exception:\n    found = False\nprint('ORACLES', found)\n"
                               "print('SOURCE', b'_pair_counts_oracle' in pkgutil.get_data('course.checks', 'ch01.py'))\n",
                               False),
     }
 
 
-# Attacks on a wrong answer, each against a control: the same notebook without the attack.
-# name -> (control, answer cell, code appended to (or, for ex1, replacing) that cell).
+# Attacks on a wrong answer: the untouched notebook (score 0) with one answer cell replaced
+# (ex1) or its wrong answer extended (ex8: the plain-reshape patchify, a correct
+# PatchEmbedding), so that an attack that worked would show as points.
+# name -> (answer cell, code appended to (or, for ex1, replacing) that cell).
 WRONG_PATCHIFY_GRAD = ("\n_wrong_patchify = patchify\n\n"
                        "def patchify(images, patch_size):\n"
                        "    return _wrong_patchify(images, patch_size).detach().float().requires_grad_()\n")
 CONTROLLED = {
-    "subclass_with_grad": ("control_wrong_patchify", "ex8_answer", (
+    "subclass_with_grad": ("ex8_answer", (
         "\nimport torch\n_wrong_patchify = patchify\n\nclass _Agree(torch.Tensor):\n"
         "    def __eq__(self, other):\n        return True\n\n    @classmethod\n"
         "    def __torch_function__(cls, func, types, args=(), kwargs=None):\n        return True\n\n"
         "def patchify(images, patch_size):\n"
         "    out = _wrong_patchify(images, patch_size).detach().float()\n"
         "    return torch.Tensor._make_subclass(_Agree, out, True)\n")),
-    "patched_getattr": ("control_wrong_patchify", "ex8_answer", WRONG_PATCHIFY_GRAD + (
+    "patched_getattr": ("ex8_answer", WRONG_PATCHIFY_GRAD + (
         "import builtins\n_real_getattr = builtins.getattr\n\n"
         "def _agreeing_getattr(obj, name, *default):\n"
         "    if name in ('allclose', 'equal', 'isclose', '__eq__'):\n        return lambda *a, **k: True\n"
         "    return _real_getattr(obj, name, *default)\n\nbuiltins.getattr = _agreeing_getattr\n")),
-    "patched_torch_functions": ("control_wrong_patchify", "ex8_answer", WRONG_PATCHIFY_GRAD + (
+    "patched_torch_functions": ("ex8_answer", WRONG_PATCHIFY_GRAD + (
         "import torch\ntorch.allclose = lambda *a, **k: True\ntorch.equal = lambda *a, **k: True\n"
         "torch.Tensor.__eq__ = lambda self, other: torch.ones_like(self, dtype=torch.bool)\n")),
-    "proxy_result": ("control_wrong_patchify", "ex8_answer", (
+    "proxy_result": ("ex8_answer", (
         "\n_wrong_patchify = patchify\n\nclass _Proxy:\n    def __init__(self, t):\n        self._t = t\n\n"
         "    def __getattr__(self, name):\n        return getattr(self._t, name)\n\n"
         "    def __eq__(self, other):\n        return True\n\n"
         "def patchify(images, patch_size):\n    return _Proxy(_wrong_patchify(images, patch_size))\n")),
-    "seed_probe": ("control_wrong_patchify", "ex8_answer", (
+    "seed_probe": ("ex8_answer", (
         "\nimport torch\n\ndef patchify(images, patch_size):\n"
         "    raise ValueError(f'SEEDPROBE {torch.initial_seed()} {torch.get_rng_state()[:32].tolist()}')\n")),
-    "reference_code": ("control_ex1_stub", "ex1_answer", (
+    "reference_code": ("ex1_answer", (
         "import pkgutil\n_checks = pkgutil.resolve_name('course.checks.ch01')\n"
         "get_pair_counts = _checks._pair_counts_oracle\n\n\n"
         "def merge_pair(ids, pair, new_id, counts=None):\n"
         "    merged = _checks._merge_oracle(ids, pair, new_id)\n"
         "    return merged if counts is None else (merged, dict(_checks._pair_counts_oracle(merged)))\n")),
     # The grader made to spend memory and time (each must cost it under MEMORY_BOUND).
-    "huge_size_reply": ("control_ex1_stub", "ex1_answer", (
+    "huge_size_reply": ("ex1_answer", (
         "import torch\n\ndef get_pair_counts(ids):\n    return torch.Size([1] * 5_000_000)\n\n\n"
         "def merge_pair(ids, pair, new_id, counts=None):\n    raise NotImplementedError()\n")),
-    "forged_shared_refs_reply": ("control_ex1_stub", "ex1_answer", (
+    "forged_shared_refs_reply": ("ex1_answer", (
         "import torch, course.probe\n\ndef _serve(request_path, reply_path):\n"
         "    value = {'__list__': ['x' * 5000]}\n    for _ in range(20):\n"
         "        value = {'__list__': [value, value]}\n    torch.save({'value': value}, reply_path)\n\n"
         "course.probe.serve = _serve\n\n\ndef get_pair_counts(ids):\n    raise NotImplementedError()\n\n\n"
         "def merge_pair(ids, pair, new_id, counts=None):\n    raise NotImplementedError()\n")),
-    "long_failure_message": ("control_ex1_stub", "ex1_answer", (
+    "long_failure_message": ("ex1_answer", (
         "def get_pair_counts(ids):\n    raise NotImplementedError()\n\n\n"
         "def merge_pair(ids, pair, new_id, counts=None):\n    return ['y' * 5000] * 20_000\n")),
-    "print_flood_after_a_judged_cell": ("control_ex1_stub", "ex2_answer", (
+    "print_flood_after_a_judged_cell": ("ex2_answer", (
         "\nfor _ in range(8):\n    print('z' * (64 << 20))\n")),
 }
 MEMORY_BOUND_KIB = 256 << 10      # what one submission may add to a grading process's peak
@@ -174,17 +177,13 @@ MEMORY_BOUND_KIB = 256 << 10      # what one submission may add to a grading pro
 def _controlled_submissions(root: Path) -> list[str]:
     from mistakes import mistakes_for
 
-    answers = solution_answers(ASSIGNMENT)
-    wrong = next(m for m in mistakes_for(ASSIGNMENT) if m.name == "patchify_plain_reshape").apply(answers)
-    stubs = {grade_id(c): c.source for c in release_notebook(ASSIGNMENT).cells if grade_id(c) == "ex1_answer"}
-    controls = {"control_wrong_patchify": wrong, "control_ex1_stub": {**answers, **stubs}}
-    for name, given in controls.items():
-        write_notebook(student_notebook(ASSIGNMENT, given), root / name / ASSIGNMENT / NOTEBOOK)
-    for name, (control, cell, code) in CONTROLLED.items():
-        given = controls[control]
+    stubs = {grade_id(c): c.source for c in release_notebook(ASSIGNMENT).cells if grade_id(c)}
+    wrong = next(m for m in mistakes_for(ASSIGNMENT) if m.name == "patchify_plain_reshape")
+    given = {**stubs, "ex8_answer": wrong.apply(solution_answers(ASSIGNMENT))["ex8_answer"]}
+    for name, (cell, code) in CONTROLLED.items():
         source = code if cell == "ex1_answer" else given[cell] + code
         write_notebook(student_notebook(ASSIGNMENT, {**given, cell: source}), root / f"wrong_{name}" / ASSIGNMENT / NOTEBOOK)
-    return [*controls, *(f"wrong_{n}" for n in CONTROLLED)]
+    return [f"wrong_{n}" for n in CONTROLLED]
 
 
 def _submissions(root: Path, out: Path) -> list[str]:
@@ -379,11 +378,10 @@ def test_students_around_the_attackers_are_unaffected(graded):
 
 
 @pytest.mark.parametrize("name", list(CONTROLLED))
-def test_an_attack_on_a_wrong_answer_scores_no_more_than_the_wrong_answer(graded, name):
+def test_an_attack_on_a_wrong_answer_gains_no_point(graded, name):
     rows = graded[0]
-    row, control = rows[f"wrong_{name}"], rows[CONTROLLED[name][0]]
-    assert 0 < float(control["score"]) < float(control["max_score"]), control    # the control is a wrong answer
-    assert row["status"] == "graded" and float(row["score"]) <= float(control["score"]), (row, control)
+    row = rows[f"wrong_{name}"]
+    assert row["status"] == "graded" and float(row["score"]) == 0, row
 
 
 def test_the_kernel_learns_nothing_of_the_hidden_seed(graded):

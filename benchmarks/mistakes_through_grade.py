@@ -55,12 +55,13 @@ def in_process(assignment: str, mistake) -> set[str]:
 
 
 def graded_cells(out: Path, student: str, assignment: str) -> set[str]:
-    """The test cells that scored zero through ``grade`` (the gradebook keeps the student's
-    own name when it is a plain one, as here)."""
+    """The test cells that scored zero through ``grade`` (under the student's gradebook id)."""
     from nbgrader.api import Gradebook
 
+    from autograder.grade import internal_id
+
     with Gradebook(f"sqlite:///{out / 'nbgrader' / 'gradebook.db'}") as gb:
-        sub = gb.find_submission_notebook(assignment, assignment, student)
+        sub = gb.find_submission_notebook(assignment, assignment, internal_id(student))
         return {g.name for g in sub.grades if float(g.score) == 0}
 
 

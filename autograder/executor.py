@@ -134,10 +134,6 @@ class SandboxedKernelManager(AsyncKernelManager):
 VERDICT_LIMIT = 20_000     # characters of a failed test's message kept in the graded notebook
 
 
-def _capped(text: str, limit: int) -> str:
-    return text if len(text) <= limit else f"{text[:limit]}\n[message cut: {len(text) - limit:,} more characters]"
-
-
 class CourseExecute(Execute):
     """nbgrader's Execute step with the course's contract (see the module docstring)."""
 
@@ -305,6 +301,7 @@ class CourseExecute(Execute):
     def _judge_cell(self, cell, limit: int, resources) -> list[NotebookNode]:
         """Run a graded test cell here; its outputs are the verdict."""
         from course.checks import _hidden
+        from course.checks._core import capped
 
         from .probelink import ProbeLink
         from .remote import CellTimedOut, Channel, KernelLost, run_judged
@@ -336,7 +333,7 @@ class CourseExecute(Execute):
         except BaseException as err:  # noqa: BLE001 - every failure of a check is a verdict
             if isinstance(err, (KeyboardInterrupt, SystemExit)):
                 raise
-            message = _capped(str(err), VERDICT_LIMIT)
+            message = capped(str(err), VERDICT_LIMIT)
             verdict.append(error_output(type(err).__name__, message, f"{type(err).__name__}: {message}"))
         finally:
             _hidden.set_grading_seed(None)

@@ -20,7 +20,6 @@ import builtins
 import importlib
 import io
 import itertools
-import operator
 import os
 import time
 from pathlib import Path

@@ -126,12 +126,13 @@ def _student_traceback_frames(err: BaseException) -> list:
 QUOTE_LIMIT = 3000     # characters of a failure's text: what it quotes of an answer can be anything
 
 
-def _capped(text: str, limit: int = QUOTE_LIMIT) -> str:
+def capped(text: str, limit: int = QUOTE_LIMIT) -> str:
+    """``text``, cut at ``limit`` characters with a count of what was cut."""
     return text if len(text) <= limit else f"{text[:limit]} ... [{len(text) - limit:,} more characters]"
 
 
 def fail(what: str, hint: str) -> None:
-    raise CheckFailed(f"{_capped(what)}\nLikely mistake: {_capped(hint)}")
+    raise CheckFailed(f"{capped(what)}\nLikely mistake: {capped(hint)}")
 
 
 def expect(condition: bool, what: str, hint: str) -> None:

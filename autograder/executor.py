@@ -225,11 +225,19 @@ class CourseExecute(Execute):
             return cell, resources
         finally:
             self.timeout = default
-            if monitor is not None and monitor.getsockopt(zmq.EVENTS) & zmq.POLLIN and self._kernel_alive():
+            if monitor is not None and monitor.getsockopt(zmq.EVENTS) & zmq.POLLIN and self._still_alive(2):
                 # A message over MAX_MESSAGE_BYTES cut the output stream for good: stop here.
                 grade_id = contract.grade_id(cell) or f"cell {index}"
                 self._stop_kernel(f"{grade_id} sent output in one message of more than "
                                   f"{MAX_MESSAGE_BYTES >> 20} MiB, which the grader does not read; the kernel was stopped")
+
+    def _still_alive(self, grace: float) -> bool:
+        """Whether the kernel runs after ``grace`` seconds: a kernel that is ending (shut down,
+        exited) also cuts its output stream, and is a death, not a flood."""
+        deadline = time.monotonic() + grace
+        while self._kernel_alive() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        return self._kernel_alive()
 
     def _watch_output_stream(self):
         """A monitor of the notebook client's output stream: readable once it was cut."""

@@ -14,8 +14,10 @@ statuses (the reason is in ``notes``):
     nbgrader ran the notebook; the score is what its tests gave. Notes explain anything the
     grader repaired (deleted or edited locked cells, a duplicated cell, a time-out, a dead
     kernel). Notes that start with ``review:`` are tamper evidence from a static scan of
-    the student's code (see :mod:`autograder.tamper`): for a person to read, the score is
-    not changed by them.
+    the student's code (see :mod:`autograder.tamper`): for a person to read. They change no
+    score, but for one case: code that can switch off a rule the grader sets up in the kernel
+    (a forbidden built-in, a recorded tensor size) fails the tests that rely on one, with the
+    finding as the reason, until an instructor has looked.
 ``broken``
     a submission that could not be graded (notebook missing or unreadable, nbgrader
     failed, with its real error): zero for what could not be graded.
@@ -54,7 +56,7 @@ from pathlib import Path
 from nbgrader.api import Gradebook, MissingEntry
 from tqdm.auto import tqdm
 
-from . import contract, preflight
+from . import contract, preflight, remote
 from .coursetree import CourseTree
 from .feedback import NOTES_MARK, install_assets, notes_html, render_plain
 from .preflight import GraderBroken, SetupFailed  # noqa: F401 - GraderBroken: part of the API
@@ -481,7 +483,7 @@ class Grader:
             shutil.rmtree(submitted)
         submitted.mkdir(parents=True)
         notebooks = self.tree.notebooks(assignment)
-        gradable, refused, review = [], False, []
+        gradable, refused, review, doubts = [], False, [], []
         for notebook in notebooks:
             source = Path(folder) / f"{notebook}.ipynb"
             release = self.tree.release_path(assignment, notebook)
@@ -500,7 +502,9 @@ class Grader:
                 continue
             row.notes.extend(f"{notebook}: {n}" for n in found.notes())
             try:
-                review += [_review_note(n, notebook, len(notebooks)) for n in scan_file(source, release)]
+                found_doubts: list[str] = []
+                review += [_review_note(n, notebook, len(notebooks)) for n in scan_file(source, release, found_doubts)]
+                doubts += [_review_note(n, notebook, len(notebooks)) for n in found_doubts]
             except Exception as err:  # the scan is evidence for a person; it must never stop grading
                 review.append(f"{REVIEW} {notebook}: the tamper scan failed ({type(err).__name__}: {err})")
             dest = submitted / source.name
@@ -514,11 +518,12 @@ class Grader:
             self._write_plain_feedback(row)
             return row
 
-        result = self.tree.api.autograde(assignment, sid, force=True, create=True)
-        for _ in range(3):   # parallel workers: SQLite may still be busy after its own wait
-            if result.get("success") or "database is locked" not in nbgrader_error(result):
-                break
+        with remote.doubt_kernel_rules(doubts):
             result = self.tree.api.autograde(assignment, sid, force=True, create=True)
+            for _ in range(3):   # parallel workers: SQLite may still be busy after its own wait
+                if result.get("success") or "database is locked" not in nbgrader_error(result):
+                    break
+                result = self.tree.api.autograde(assignment, sid, force=True, create=True)
         if not result.get("success"):
             row.status = "broken"
             row.notes.append("nbgrader could not grade it: " + nbgrader_error(result))

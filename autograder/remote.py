@@ -17,13 +17,14 @@ read with ``torch.load(weights_only=True)``, so a reply can hold nothing but dat
 from __future__ import annotations
 
 import builtins
+import contextlib
 import importlib
 import io
 import itertools
 import os
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import cloudpickle
 import torch
@@ -53,6 +54,41 @@ class CellTimedOut(RuntimeError):
 
 class StudentCodeError(RuntimeError):
     """The student's code raised an exception of a type that only exists in the kernel."""
+
+
+# Findings of the static scan that can switch off a rule the kernel enforces (set per
+# submission by the grader: one submission at a time per grading process).
+_DOUBTS: list[str] = []
+
+
+@contextlib.contextmanager
+def doubt_kernel_rules(notes: list[str]) -> Iterator[None]:
+    """While the block grades a submission whose code can switch off the rules a check sets up
+    in the kernel (``notes``: the scan's findings, see :mod:`autograder.tamper`), every test
+    that relies on such a rule fails with the first finding as its reason: what the kernel
+    reports of a forbidden built-in or a recorded size cannot be trusted."""
+    _DOUBTS[:] = list(notes)
+    try:
+        yield
+    finally:
+        _DOUBTS.clear()
+
+
+_RULES = {"course.checks._core:forbid_names": "a built-in it forbids",
+          "course.checks._recorders:LargestTensor": "a record of the largest tensor your code makes"}
+
+
+def _refuse_doubted_rules(contexts: list) -> None:
+    if not (contexts and _DOUBTS):
+        return
+    from course.checks import CheckFailed
+
+    finding = _DOUBTS[0].removeprefix("review:").strip()
+    rules = ", ".join(sorted({_RULES.get(factory, factory) for _, factory, *_ in contexts}))
+    raise CheckFailed(f"This test relies on a rule the grader sets up in your kernel ({rules}), and your code "
+                      f"can switch such rules off ({finding}); it scores nothing until an instructor reviews it.\n"
+                      f"Likely mistake: {finding}. An answer needs only torch's public functions: take that out "
+                      f"and this test counts again.")
 
 
 class Channel:
@@ -94,6 +130,7 @@ class Channel:
         request_path = self.io_dir / f"request-{self.count}.pkl"
         reply_path = self.io_dir / f"reply-{self.count}.pt"
         contexts = probe.active_contexts()
+        _refuse_doubted_rules(contexts)
         kwargs = kwargs or {}
         originals = probe.tensor_leaves((args, kwargs))
         payload = {"op": op, "target": target, "args": self._mirrored(args), "kwargs": self._mirrored(kwargs),

@@ -20,7 +20,13 @@ so ``obj?``, ``!cmd`` and ``%magic`` count only where IPython takes them as such
 a string, where a line-based reading would let one ``?`` hide the next line from every rule).
 
 Each finding is a short human note, ``review: ex3_answer line 4 patches torch.allclose``.
-The notes are evidence for a person to read; they never change a score. A cell that does
+The notes are evidence for a person to read; they never change a score by themselves. One
+thing follows from some of them: a finding that can switch off a rule the grader enforces
+inside the kernel (a forbidden built-in, a recorder of what the code computes) — a patch,
+torch's private parts, code reached by a name the scan cannot read — is also returned in
+``doubts``, and the grader then fails the tests that rely on such a rule, with that finding
+as the reason (:func:`autograder.remote.doubt_kernel_rules`). Writing files, processes, the
+environment: noted, but they cannot switch a rule off in the kernel's process. A cell that does
 not parse (a syntax error, an unknown magic) gives ``review: <cell> could not be parsed``.
 
 Names are resolved through the notebook's imports (``nn`` is ``torch.nn``, ``checks`` is
@@ -95,6 +101,23 @@ CALLS = {
     "numpy.savez": "writes a file (numpy.savez)", "numpy.savetxt": "writes a file (numpy.savetxt)",
     "pathlib.Path.write_text": "writes a file", "pathlib.Path.write_bytes": "writes a file",
 }
+# What can be noted but cannot switch off a rule inside the kernel's own process (files,
+# processes, signals, the environment, output): these findings put no test in doubt.
+SIDE_EFFECTS = ("os.", "sys.exit", "sys.stdout", "sys.stderr", "torch.save", "numpy.save", "pathlib.", "subprocess",
+                "signal", "shutil", "multiprocessing", "socket", "pty", "atexit", "resource", "IPython", "ipykernel",
+                "jupyter_client", "autograder", "nbgrader", "inspect.getsource", "builtins.open", "builtins.breakpoint",
+                "io.open", "codecs.open")
+
+
+def _doubts(qualified: str) -> bool:
+    """Whether using ``qualified`` can switch off a rule the grader enforces in the kernel."""
+    for name in SIDE_EFFECTS:
+        module = name.rstrip(".")
+        if qualified == module or qualified.startswith(module + "."):
+            return False
+    return True
+
+
 OPENERS = {"builtins.open", "io.open", "codecs.open", "os.fdopen"}
 MUTATED = {"os.environ": "changes os.environ", "os.environb": "changes os.environ",
            "sys.modules": "changes sys.modules"}
@@ -416,13 +439,17 @@ class _Scanner(ast.NodeVisitor):
         top = {name: q for name, q in ctx.imports.items()}
         self.scope = _Scope(dict(top))
         self.findings: list[tuple[int, str]] = []
+        self.doubtful: set[tuple[int, str]] = set()  # findings that can switch a kernel-side rule off
         self.handled: set[int] = set()
         self.attribute_bases: set[int] = set()     # nodes read as ``node.attribute``
         self.called: set[int] = set()              # nodes called as ``node(...)``
 
     # -- helpers
-    def flag(self, node: ast.AST, message: str) -> None:
-        self.findings.append((getattr(node, "lineno", 1), message))
+    def flag(self, node: ast.AST, message: str, doubt: bool = True) -> None:
+        finding = (getattr(node, "lineno", 1), message)
+        self.findings.append(finding)
+        if doubt:
+            self.doubtful.add(finding)
 
     def qualified(self, node: ast.AST) -> str | None:
         """The dotted name of a module, imported object or builtin that ``node`` denotes."""
@@ -627,7 +654,7 @@ class _Scanner(ast.NodeVisitor):
         for alias in node.names:
             message = _module_rule(alias.name)
             if message:
-                self.flag(node, f"imports {alias.name} ({message})")
+                self.flag(node, f"imports {alias.name} ({message})", _doubts(alias.name))
             if alias.asname:
                 self.bind(alias.asname, alias.name, node, via_import=True)
             else:
@@ -645,9 +672,9 @@ class _Scanner(ast.NodeVisitor):
             if alias.name == "*":
                 self.flag(node, f"imports * from {module}")
             elif message:
-                self.flag(node, f"imports {qualified} ({message})")
+                self.flag(node, f"imports {qualified} ({message})", _doubts(qualified))
             elif _match(CALLS, qualified):
-                self.flag(node, f"imports {qualified}")
+                self.flag(node, f"imports {qualified}", _doubts(qualified))
             if alias.name != "*":
                 self.bind(alias.asname or alias.name, qualified, node, via_import=True)
 
@@ -656,14 +683,14 @@ class _Scanner(ast.NodeVisitor):
         if isinstance(node.ctx, ast.Load) and id(node) not in self.handled:
             found, q = self.scope.lookup(node.id)
             if not found and node.id in NAMES:
-                self.flag(node, NAMES[node.id])
+                self.flag(node, NAMES[node.id], node.id != "get_ipython")
             elif found and q:
                 if not self._reference(node, q) and q in WATCHED_MODULES and id(node) not in self.attribute_bases:
                     self.flag(node, f"hands the module {q} around as a value (the scan cannot follow it)")
             elif not found and node.id in BUILTIN_NAMES:
                 message = _match(CALLS, f"builtins.{node.id}")
                 if message:
-                    self.flag(node, message)
+                    self.flag(node, message, _doubts(f"builtins.{node.id}"))
 
     def visit_Attribute(self, node: ast.Attribute) -> None:
         self.attribute_bases.add(id(node.value))
@@ -690,11 +717,11 @@ class _Scanner(ast.NodeVisitor):
     def _reference(self, node: ast.AST, q: str) -> bool:
         message = _match(CALLS, q)
         if message:
-            self.flag(node, f"{message}" if "(" in message else f"{message} ({_text(node)})")
+            self.flag(node, f"{message}" if "(" in message else f"{message} ({_text(node)})", _doubts(q))
             return True
         message = _module_rule(q)
         if message:
-            self.flag(node, f"uses {_text(node)} ({message})")
+            self.flag(node, f"uses {_text(node)} ({message})", _doubts(q))
             return True
         return False
 
@@ -720,7 +747,7 @@ class _Scanner(ast.NodeVisitor):
                 self.flag(node, MUTATED[base_q])
                 self.handled.add(id(base))
             elif base_q is None and attr in FILE_METHODS:
-                self.flag(node, f"{FILE_METHODS[attr]} (.{attr})")
+                self.flag(node, f"{FILE_METHODS[attr]} (.{attr})", doubt=False)
             elif base_q is None and attr == "open":
                 mode = node.args[0] if node.args else next(
                     (k.value for k in node.keywords if k.arg == "mode"), None)
@@ -752,16 +779,16 @@ class _Scanner(ast.NodeVisitor):
             return
         if isinstance(mode, ast.Constant) and isinstance(mode.value, str):
             if set(mode.value) & set("wax+"):
-                self.flag(node, f"writes a file (open mode {mode.value!r})")
+                self.flag(node, f"writes a file (open mode {mode.value!r})", doubt=False)
         else:
-            self.flag(node, "opens a file with a computed mode")
+            self.flag(node, "opens a file with a computed mode", doubt=False)
 
     def visit_Constant(self, node: ast.Constant) -> None:
         value = node.value
         if isinstance(value, bytes):
             value = value.decode("latin-1")
         if isinstance(value, str) and (value.startswith("/proc") or "/proc/" in value):
-            self.flag(node, "reads /proc")
+            self.flag(node, "reads /proc", doubt=False)
 
 
 def _text(node: ast.AST, limit: int = 60) -> str:
@@ -774,8 +801,9 @@ def _text(node: ast.AST, limit: int = 60) -> str:
 
 # ----------------------------------------------------------------------------- public API
 
-def scan_source(source: str, label: str, ctx: Context | None = None) -> list[str]:
-    """Notes for one cell's code. ``label`` names the cell in the notes (``ex3_answer``)."""
+def scan_source(source: str, label: str, ctx: Context | None = None, doubts: list[str] | None = None) -> list[str]:
+    """Notes for one cell's code. ``label`` names the cell in the notes (``ex3_answer``).
+    The notes of findings that can switch off a kernel-side rule are appended to ``doubts``."""
     ctx = ctx or Context()
     try:
         python, findings = _to_python(source)
@@ -793,6 +821,10 @@ def scan_source(source: str, label: str, ctx: Context | None = None) -> list[str
         scanner.visit(tree)
     except RecursionError:
         findings.append((1, "is nested too deeply to scan"))
+    # IPython syntax: a line magic (%run, %load_ext) runs code in the kernel; a shell command
+    # or a cell magic (%%bash, %%writefile) runs a process or writes a file
+    doubtful = scanner.doubtful | {f for f in findings if not f[1].startswith(("runs a shell command",
+                                                                             "runs the cell magic"))}
     findings += scanner.findings
     notes, seen = [], set()
     for line, message in sorted(findings, key=lambda f: f[0]):
@@ -800,6 +832,8 @@ def scan_source(source: str, label: str, ctx: Context | None = None) -> list[str
         if note not in seen:
             seen.add(note)
             notes.append(note)
+            if doubts is not None and (line, message) in doubtful:
+                doubts.append(note)
     return notes
 
 
@@ -823,18 +857,19 @@ def cells_to_scan(submitted, released=None, ctx: Context | None = None) -> list[
     return out
 
 
-def scan_notebook(submitted, released=None) -> list[str]:
-    """Review notes for a submitted notebook (a NotebookNode), given the released one."""
+def scan_notebook(submitted, released=None, doubts: list[str] | None = None) -> list[str]:
+    """Review notes for a submitted notebook (a NotebookNode), given the released one; those
+    that can switch off a kernel-side rule are also appended to ``doubts``."""
     ctx = build_context(submitted, released)
     notes: list[str] = []
     for label, source in cells_to_scan(submitted, released, ctx):
-        notes += scan_source(source, label, ctx)
+        notes += scan_source(source, label, ctx, doubts)
     if len(notes) > MAX_NOTES:
         notes = notes[:MAX_NOTES - 1] + [f"{REVIEW} and {len(notes) - MAX_NOTES + 1} more findings like these"]
     return notes
 
 
-def scan_file(path: Path, release_path: Path | None = None) -> list[str]:
+def scan_file(path: Path, release_path: Path | None = None, doubts: list[str] | None = None) -> list[str]:
     """Review notes for a notebook file; [] when it cannot be read (the grader reports that)."""
     import warnings
 
@@ -845,4 +880,4 @@ def scan_file(path: Path, release_path: Path | None = None) -> list[str]:
         except Exception:
             return []
         released = nbformat.read(release_path, as_version=4) if release_path else None
-    return scan_notebook(submitted, released)
+    return scan_notebook(submitted, released, doubts)

@@ -208,6 +208,21 @@ def _assign(target: torch.Tensor, values: torch.Tensor) -> None:
 
 
 _AUTOGRAD_BACKWARD = torch.autograd.backward     # taken before any check blocks it for an exercise
+_GRADER_BACKWARD: list[bool] = []
+
+
+def grader_backward_running() -> bool:
+    """True while the grader's own backward pass runs through the student's graph (a check
+    that forbids autograd in the student's code must let it run)."""
+    return bool(_GRADER_BACKWARD)
+
+
+def _grader_backward(target: torch.Tensor, gradient: torch.Tensor) -> None:
+    _GRADER_BACKWARD.append(True)
+    try:
+        _AUTOGRAD_BACKWARD([target], [gradient], retain_graph=True)
+    finally:
+        _GRADER_BACKWARD.pop()
 
 _OPS = {
     "call": lambda target, args, kwargs: target(*args, **kwargs),
@@ -226,7 +241,7 @@ _OPS = {
     "assign": lambda target, args, kwargs: _assign(target, args[0]),
     # The grader's backward pass reached one of the kernel's tensors: continue it through the
     # student's graph with the gradient the grader computed (plain data).
-    "backward": lambda target, args, kwargs: _AUTOGRAD_BACKWARD([target], [args[0]], retain_graph=True),
+    "backward": lambda target, args, kwargs: _grader_backward(target, args[0]),
     "release": lambda target, args, kwargs: [d.clear() for d in (_OBJECTS, _NUMBERS, _MIRRORS, _TWINS, _TWIN_PARTS,
                                                                  _TWIN_SEEN)],
 }

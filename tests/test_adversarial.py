@@ -125,6 +125,14 @@ def _attacks(out: Path, submissions: Path = Path("/x")) -> dict[str, tuple[str, 
 WRONG_PATCHIFY_GRAD = ("\n_wrong_patchify = patchify\n\n"
                        "def patchify(images, patch_size):\n"
                        "    return _wrong_patchify(images, patch_size).detach().float().requires_grad_()\n")
+SAVED_BUILTINS = ("\nimport torch\n_E, _G = torch.embedding, torch.autograd.grad\n\n"
+                  "class Embedding(nn.Module):\n    def __init__(self, vocab_size, d_model):\n"
+                  "        super().__init__()\n        self.weight = nn.Parameter(torch.empty(vocab_size, d_model))\n"
+                  "        nn.init.normal_(self.weight, mean=0.0, std=0.02)\n\n"
+                  "    def forward(self, ids):\n        return _E(self.weight, ids)\n\n\n"
+                  "def embedding_backward(ids, grad_output, vocab_size):\n"
+                  "    table = grad_output.new_zeros(vocab_size, grad_output.shape[-1]).requires_grad_()\n"
+                  "    return _G(table[ids], table, grad_output)[0]\n")
 CONTROLLED = {
     "subclass_with_grad": ("ex8_answer", (
         "\nimport torch\n_wrong_patchify = patchify\n\nclass _Agree(torch.Tensor):\n"
@@ -155,6 +163,13 @@ CONTROLLED = {
         "def merge_pair(ids, pair, new_id, counts=None):\n"
         "    merged = _checks._merge_oracle(ids, pair, new_id)\n"
         "    return merged if counts is None else (merged, dict(_checks._pair_counts_oracle(merged)))\n")),
+    # Rules the kernel enforces, switched off: a built-in saved before the test blocks it, and
+    # torch's dispatch modes (where the kernel watches operators) turned off around the call.
+    "saved_builtins": ("ex4_answer", SAVED_BUILTINS),
+    "saved_autograd": ("ex4_answer", SAVED_BUILTINS.replace("return _E(self.weight, ids)", "return self.weight[ids]")),
+    "dispatch_modes_off": ("ex4_answer", SAVED_BUILTINS.replace("return _E(self.weight, ids)", (
+        "with _disable_current_modes():\n            return _E(self.weight, ids)")).replace(
+        "import torch\n", "import torch\nfrom torch.utils._python_dispatch import _disable_current_modes\n")),
     # The grader made to spend memory and time (each must cost it under MEMORY_BOUND).
     "huge_size_reply": ("ex1_answer", (
         "import torch\n\ndef get_pair_counts(ids):\n    return torch.Size([1] * 5_000_000)\n\n\n"
@@ -224,13 +239,25 @@ def graded(tmp_path_factory):
     out = tmp_path_factory.mktemp("hostile-out")
     names = _submissions(root, out)
     env = {**os.environ, "COURSE_GRADER_SECRET": SECRET, "COURSE_MEMORY_LOG": str(out / "memory.jsonl")}
-    done = subprocess.run([sys.executable, "-m", "autograder", "grade", str(root), "--out", str(out),
-                           "--timeout", "20", "--profile", "smoke", "--no-progress", "--workers", "2"],
+    # A second grading run on the same machine at the same time (another course, another
+    # instructor): its students share nothing with the attackers.
+    beside, beside_out = tmp_path_factory.mktemp("beside"), tmp_path_factory.mktemp("beside-out")
+    for k in range(3):
+        write_notebook(student_notebook(ASSIGNMENT, solution_answers(ASSIGNMENT)),
+                       beside / f"beside_{k}" / ASSIGNMENT / NOTEBOOK)
+    command = [sys.executable, "-m", "autograder", "grade", "--timeout", "20", "--profile", "smoke", "--no-progress"]
+    other = subprocess.Popen(command + [str(beside), "--out", str(beside_out), "--workers", "1"], cwd=ROOT,
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    done = subprocess.run(command + [str(root), "--out", str(out), "--workers", "2"],
                           cwd=ROOT, capture_output=True, text=True, timeout=1800, env=env)
+    beside_log, _ = other.communicate(timeout=1800)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert other.returncode == 0, beside_log[-3000:]
     with open(out / "grades.csv", newline="") as f:
         rows = {row["student"]: row for row in csv.DictReader(f)}
-    return rows, out, names
+    with open(beside_out / "grades.csv", newline="") as f:
+        beside_rows = list(csv.DictReader(f))
+    return rows, out, names, beside_rows
 
 
 def _feedback(out: Path, student: str) -> str:
@@ -254,14 +281,14 @@ def _autograded_text(out: Path, student: str) -> str:
 
 
 def test_there_are_at_least_thirty_hostile_submissions(graded):
-    rows, _, names = graded
+    rows, _, names, _ = graded
     hostile = [s for s in rows if s.startswith("attack_") and s != "attack__baseline_stubs"]
     assert len(hostile) >= 30, hostile
 
 
 @pytest.mark.parametrize("name", list(_attacks(Path("/x"))))
 def test_attack_scores_no_more_than_the_untouched_notebook_and_is_recorded(graded, name):
-    rows, out, _ = graded
+    rows, out, *_ = graded
     row = rows[f"attack_{name}"]
     baseline = rows["attack__baseline_stubs"]
     assert float(baseline["score"]) == 0
@@ -272,7 +299,7 @@ def test_attack_scores_no_more_than_the_untouched_notebook_and_is_recorded(grade
 
 
 def test_no_feedback_holds_a_secret(graded):
-    rows, out, _ = graded
+    rows, out, *_ = graded
     for student in rows:
         text = _feedback(out, student)
         for secret in (SECRET, SOLUTION_LINE, HIDDEN_LINE, "BEGIN HIDDEN TESTS", "### BEGIN SOLUTION"):
@@ -280,7 +307,7 @@ def test_no_feedback_holds_a_secret(graded):
 
 
 def test_reading_secrets_finds_nothing(graded):
-    rows, out, _ = graded
+    rows, out, *_ = graded
     text = _autograded_text(out, "attack_read_secrets")
     assert "unreadable" in text and SECRET not in text and SOLUTION_LINE not in text
     assert "SQLite format" not in text
@@ -316,7 +343,7 @@ def test_feedback_escapes_what_a_student_prints(graded):
 
 
 def test_no_page_holds_a_live_script(graded):
-    rows, out, _ = graded
+    rows, out, *_ = graded
     pages = sorted((out / "feedback").rglob("*.html"))
     assert len(pages) >= len(rows)
     for page in pages:
@@ -366,8 +393,14 @@ def test_a_symlink_is_never_followed(graded):
     assert float(row["score"]) == 0 and row["status"] == "refused" and "symbolic link" in row["notes"], row
 
 
+def test_a_grading_run_beside_the_attackers_is_unaffected(graded):
+    """Another `grade` on the same machine at the same time: full marks for each of its students."""
+    beside = graded[3]
+    assert len(beside) == 3 and all(r["status"] == "graded" and float(r["score"]) == float(r["max_score"]) > 0 for r in beside), beside
+
+
 def test_students_around_the_attackers_are_unaffected(graded):
-    rows, out, _ = graded
+    rows, out, *_ = graded
     for student in ("aa_control_before", "zz_control_after"):
         row = rows[student]
         assert float(row["score"]) == float(row["max_score"]) > 0, row
@@ -384,6 +417,18 @@ def test_an_attack_on_a_wrong_answer_gains_no_point(graded, name):
     assert row["status"] == "graded" and float(row["score"]) == 0, row
 
 
+@pytest.mark.parametrize("name, reason", [
+    ("saved_builtins", "embedding operator"),
+    ("saved_autograd", "a backward pass ran inside your function"),
+    ("dispatch_modes_off", "can switch such rules off"),
+])
+def test_a_rule_switched_off_in_the_kernel_is_caught_with_its_reason(graded, name, reason):
+    rows, out, *_ = graded
+    assert reason in _feedback(out, f"wrong_{name}"), name
+    if name == "dispatch_modes_off":
+        assert "review:" in rows[f"wrong_{name}"]["notes"]
+
+
 def test_the_kernel_learns_nothing_of_the_hidden_seed(graded):
     """What an answer can read in the kernel (its RNG's seed and state) and print into its
     feedback is neither the grading secret nor any hidden test's seed of its submission."""
@@ -394,7 +439,7 @@ def test_the_kernel_learns_nothing_of_the_hidden_seed(graded):
     from autograder.contract import submission_seed
     from course.checks import _hidden
 
-    rows, out, _ = graded
+    rows, out, *_ = graded
     text = _feedback(out, "wrong_seed_probe")
     printed = {int(n) for n in re.findall(r"SEEDPROBE (\d+)", text)}
     assert printed, text[-2000:]
@@ -422,7 +467,7 @@ def test_the_grading_processes_stay_within_their_memory_bound(graded):
     after the first submission that process graded (its start-up: imports, a first kernel)."""
     import json
 
-    rows, out, _ = graded
+    rows, out, *_ = graded
     seen: dict[int, list] = {}
     for line in (out / "memory.jsonl").read_text().splitlines():
         entry = json.loads(line)
@@ -435,7 +480,7 @@ def test_the_grading_processes_stay_within_their_memory_bound(graded):
 
 
 def test_what_a_submission_prints_or_returns_keeps_pages_small(graded):
-    rows, out, _ = graded
+    rows, out, *_ = graded
     for name in ("long_failure_message", "print_flood_after_a_judged_cell"):
         pages = list((out / "feedback" / f"wrong_{name}" / ASSIGNMENT).glob("*.html"))
         notebooks = list((out / "nbgrader" / "autograded" / f"wrong_{name}").rglob("*.ipynb"))

@@ -233,15 +233,19 @@ def expect_close(actual: torch.Tensor, expected: torch.Tensor, what: str, hint: 
 
 @contextlib.contextmanager
 def forbid(*targets: tuple[Any, str], exercise: str) -> Iterator[None]:
-    """Within the block, calling any ``(module, attribute)`` in targets raises ShortcutUsed.
+    """Within the block, calling any ``(module, attribute)`` in targets raises ShortcutUsed,
+    by its name and by any other route to the same operator (a reference saved earlier,
+    ``torch.ops.aten``, ``torch._C``): see :class:`Forbidden`.
 
     When a test is judged outside the kernel, the student's code runs in the kernel, so
-    the block is also set up there, around every call (see :mod:`course.probe`)."""
+    the block is also set up there, around every call (see :mod:`course.probe`); what it
+    caught there comes back, even when the student's code swallowed the error."""
     from .. import probe
 
     names = [(_path_of(owner), attr) for owner, attr in targets]
-    with probe.kernel_context("course.checks._core:forbid_names", names, exercise=exercise):
-        with _forbid_here(*targets, exercise=exercise):
+    here = Forbidden(targets, exercise)
+    with probe.kernel_context("course.checks._core:forbid_names", names, exercise=exercise, owner=here):
+        with here:
             yield
 
 
@@ -262,29 +266,87 @@ def _resolve_path(path: str) -> Any:
     return obj
 
 
-def forbid_names(names: list[tuple[str, str]], exercise: str) -> contextlib.AbstractContextManager:
+def forbid_names(names: list[tuple[str, str]], exercise: str) -> "Forbidden":
     """:func:`forbid` for ``(module or class path, attribute)`` pairs: what the kernel receives."""
-    return _forbid_here(*[(_resolve_path(p), a) for p, a in names], exercise=exercise)
+    return Forbidden([(_resolve_path(p), a) for p, a in names], exercise)
 
 
-@contextlib.contextmanager
-def _forbid_here(*targets: tuple[Any, str], exercise: str) -> Iterator[None]:
-    saved = []
-    for owner, attr in targets:
-        original = getattr(owner, attr)
+# The operators (``torch.ops.aten`` names) that each forbidden built-in runs: the block stops
+# them however they are reached. Built-ins made of other operators (one_hot, rms_norm on CPU,
+# an optimizer) are blocked by name only.
+OPERATORS = {
+    "embedding": ("embedding",), "unfold": ("im2col",), "conv2d": ("convolution", "_convolution"),
+    "softmax": ("_softmax",), "log_softmax": ("_log_softmax",), "logsumexp": ("logsumexp",),
+    "scaled_dot_product_attention": ("_scaled_dot_product_flash_attention_for_cpu",
+                                     "_scaled_dot_product_flash_attention", "_scaled_dot_product_efficient_attention",
+                                     "_scaled_dot_product_cudnn_attention", "_scaled_dot_product_attention_math"),
+    "gelu": ("gelu",), "silu": ("silu",), "layer_norm": ("native_layer_norm",), "rms_norm": ("_fused_rms_norm",),
+    "group_norm": ("native_group_norm",), "cross_entropy": ("nll_loss_forward", "nll_loss2d_forward"),
+    "nll_loss": ("nll_loss_forward", "nll_loss2d_forward"),
+}
+# Forbidding any of these forbids running a backward pass inside the block.
+AUTOGRAD = {("torch:Tensor", "backward"), ("torch.autograd", "grad"), ("torch.autograd", "backward")}
 
-        def blocked(*args: Any, __name=f"{getattr(owner, '__name__', owner)}.{attr}", **kwargs: Any):
-            raise ShortcutUsed(f"{__name} was called, but this exercise asks you to write {exercise} yourself.\n"
-                               f"Likely mistake: calling the built-in {__name}; this exercise asks you to write "
-                               f"{exercise} yourself (the built-in is the oracle the tests compare against).")
 
-        saved.append((owner, attr, original))
-        setattr(owner, attr, blocked)
-    try:
-        yield
-    finally:
-        for owner, attr, original in saved:
-            setattr(owner, attr, original)
+class Forbidden:
+    """The context of :func:`forbid`: patches each target to raise ShortcutUsed and, for the
+    operators the targets run (:data:`OPERATORS`) or a backward pass, records and stops them
+    at dispatch (:class:`course.checks._recorders.ForbiddenOperators`)."""
+
+    def __init__(self, targets, exercise: str) -> None:
+        self.targets, self.exercise = list(targets), exercise
+        self.labels = {(_path_of(o), a): f"{getattr(o, '__name__', o)}.{a}" for o, a in self.targets}
+        self.operators = {op: label for (_, attr), label in self.labels.items() for op in OPERATORS.get(attr, ())}
+        self.backward = "autograd" if AUTOGRAD & set(self.labels) else None
+        self.used = ""
+        self._saved: list = []
+        self._mode = None
+
+    def message(self, label: str) -> str:
+        """``label`` names the built-in, and the route when it was not called by its name."""
+        return (f"{label} was called, but this exercise asks you to write {self.exercise} yourself.\n"
+                f"Likely mistake: calling the built-in {label}; this exercise asks you to write "
+                f"{self.exercise} yourself (the built-in is the oracle the tests compare against).")
+
+    def stop(self, label: str) -> None:
+        """Record the first built-in used (the grader reads it even if the error is swallowed)."""
+        self.used = self.used or label
+        raise ShortcutUsed(self.message(label))
+
+    def __enter__(self) -> "Forbidden":
+        from ._recorders import ForbiddenOperators
+
+        for owner, attr in self.targets:
+            self._saved.append((owner, attr, getattr(owner, attr)))
+            setattr(owner, attr, self._blocked(f"{getattr(owner, '__name__', owner)}.{attr}"))
+        if self.operators or self.backward:
+            self._mode = ForbiddenOperators(self)
+            self._mode.__enter__()
+        return self
+
+    def _blocked(self, label: str) -> Callable:
+        def blocked(*args: Any, **kwargs: Any):
+            self.stop(label)
+        return blocked
+
+    def __exit__(self, *exc: Any) -> None:
+        try:
+            if self._mode is not None:
+                self._mode.__exit__(*exc)
+        finally:
+            for owner, attr, original in reversed(self._saved):
+                setattr(owner, attr, original)
+            self._saved.clear()
+
+    # Judged outside the kernel: what the kernel's block caught comes back after each call.
+    def remote_state(self) -> dict:
+        return {"used": self.used}
+
+    def absorb(self, state: dict) -> None:
+        used = state.get("used") if isinstance(state, dict) else None
+        if isinstance(used, str) and used:
+            self.used = used[:300]
+            raise ShortcutUsed(self.message(self.used))
 
 
 def one_thread(check: Callable) -> Callable:

@@ -50,3 +50,25 @@ class LargestTensor(TorchDispatchMode):
                 if n > self.nbytes:
                     self.nbytes, self.op = n, str(func.overloadpacket.__name__)
         return out
+
+
+class ForbiddenOperators(TorchDispatchMode):
+    """Stops the operators a :class:`course.checks._core.Forbidden` block forbids, however
+    the student's code reached them, and a backward pass when autograd is forbidden (the
+    grader's own backward pass through the student's graph excepted)."""
+
+    def __init__(self, block) -> None:
+        super().__init__()
+        self.block = block
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        from .. import probe
+
+        name = func.overloadpacket.__name__
+        label = self.block.operators.get(name)
+        if label is not None:
+            self.block.stop(f"{label} (reached as torch's {name} operator)")
+        if (self.block.backward and torch._C._current_graph_task_id() != -1
+                and not probe.grader_backward_running()):
+            self.block.stop(f"{self.block.backward} (a backward pass ran inside your function)")
+        return func(*args, **(kwargs or {}))

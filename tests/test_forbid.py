@@ -1,0 +1,143 @@
+"""A forbidden built-in stays forbidden by every route: a reference saved before the test,
+torch's operator registry, torch._C, a backward pass through autograd; and a student who
+catches the error and answers otherwise still loses the test. Judged as ``grade`` judges,
+through a kernel-less channel (the student's code runs under the kernel's copy of the block).
+"""
+
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+import torch
+
+from autograder.remote import local_channel, run_judged
+from course.checks import CheckFailed
+
+STUDENT = textwrap.dedent('''
+    import torch
+    import torch.nn.functional as F
+
+    _saved_embedding = torch.embedding
+    _saved_gelu = F.gelu
+    _saved_grad = torch.autograd.grad
+
+    def by_saved_reference(table, ids):
+        return _saved_embedding(table, ids)
+
+    def by_operator_registry(table, ids):
+        return torch.ops.aten.embedding(table, ids)
+
+    def by_private_binding(x):
+        return torch._C._nn.gelu(x)
+
+    def by_saved_gelu(x):
+        return _saved_gelu(x)
+
+    def by_saved_autograd(ids, grad_output, vocab_size):
+        table = torch.zeros(vocab_size, grad_output.shape[-1], requires_grad=True)
+        return _saved_grad(_saved_embedding(table, ids), table, grad_output)[0]
+
+    def by_backward(ids, grad_output, vocab_size):
+        table = torch.zeros(vocab_size, grad_output.shape[-1], requires_grad=True)
+        (table[ids] * grad_output).sum().backward()
+        return table.grad
+
+    def swallowed(table, ids):
+        try:
+            return _saved_embedding(table, ids)
+        except Exception:
+            return table[ids]          # the honest answer, after the shortcut was refused
+
+    def by_hand(table, ids):
+        return table[ids]
+
+    def gelu_by_hand(x):
+        return 0.5 * x * (1 + torch.erf(x / 2 ** 0.5))
+''')
+
+CALL_EMBEDDING = """
+    from course.checks._core import forbid
+    import torch.nn.functional as F
+    table, ids = torch.randn(5, 3, requires_grad=True), torch.tensor([1, 4, 1])
+    with forbid((F, "embedding"), (torch, "embedding"), exercise="the lookup"):
+        out = {name}(table, ids)
+    out.sum().backward()                   # the grader's own backward pass, outside the block
+    print(table.grad.sum(dim=1).tolist())
+"""
+CALL_GELU = """
+    from course.checks._core import forbid
+    import torch.nn.functional as F
+    x = torch.linspace(-3, 3, 7)
+    with forbid((F, "gelu"), exercise="gelu"):
+        got = {name}(x)
+    print(bool(torch.allclose(got, F.gelu(x), atol=1e-6)))
+"""
+CALL_BACKWARD = """
+    from course.checks._core import forbid
+    with forbid((torch.Tensor, "backward"), (torch.autograd, "grad"), (torch.autograd, "backward"),
+                exercise="the backward pass of the lookup"):
+        print({name}(torch.tensor([0, 2, 2]), torch.ones(3, 4), 3).sum().item())
+"""
+
+
+@pytest.fixture()
+def judge(tmp_path):
+    namespace: dict = {}
+    exec(compile(STUDENT, "<answers>", "exec"), namespace)
+    channel = local_channel(namespace, tmp_path)
+    return lambda cell: run_judged(textwrap.dedent(cell), channel, "import torch", tmp_path)
+
+
+@pytest.mark.parametrize("cell, name, caught", [
+    (CALL_EMBEDDING, "by_saved_reference", "torch.embedding (reached as torch's embedding operator)"),
+    (CALL_EMBEDDING, "by_operator_registry", "torch.embedding (reached as torch's embedding operator)"),
+    (CALL_EMBEDDING, "swallowed", "torch.embedding (reached as torch's embedding operator)"),
+    (CALL_GELU, "by_private_binding", "torch.nn.functional.gelu (reached as torch's gelu operator)"),
+    (CALL_GELU, "by_saved_gelu", "torch.nn.functional.gelu (reached as torch's gelu operator)"),
+    (CALL_BACKWARD, "by_saved_autograd", "autograd (a backward pass ran inside your function)"),
+    (CALL_BACKWARD, "by_backward", "Tensor.backward was called"),
+])
+def test_every_route_to_a_forbidden_builtin_fails_with_the_shortcut_hint(judge, cell, name, caught):
+    with pytest.raises(CheckFailed) as failure:
+        judge(cell.format(name=name))
+    message = str(failure.value)
+    assert caught in message, message
+    assert "Likely mistake: calling the built-in" in message
+
+
+@pytest.mark.parametrize("cell, name, printed", [
+    (CALL_EMBEDDING, "by_hand", "[0.0, 6.0, 0.0, 0.0, 3.0]"),
+    (CALL_GELU, "gelu_by_hand", "True"),
+])
+def test_an_answer_by_hand_passes_and_the_graders_backward_still_runs(judge, cell, name, printed):
+    assert judge(cell.format(name=name)).strip() == printed
+
+
+def test_in_this_process_a_saved_reference_is_stopped_as_well():
+    """A learner's own kernel (no grader): the same block, the same failure."""
+    import torch.nn.functional as F
+
+    from course.checks._core import ShortcutUsed, forbid
+
+    saved = F.gelu
+    with pytest.raises(ShortcutUsed, match="gelu operator"):
+        with forbid((F, "gelu"), exercise="gelu"):
+            saved(torch.ones(2))
+    assert torch.equal(F.gelu(torch.zeros(1)), torch.zeros(1))      # put back after the block
+
+
+def test_code_that_can_switch_rules_off_fails_the_tests_that_rely_on_one(judge):
+    """The scan found a route around the kernel's rules: a test under a rule fails with that
+    finding; a test under none still counts."""
+    from autograder.remote import doubt_kernel_rules
+
+    finding = "review: ex4_answer line 2 imports torch.utils._python_dispatch (a private part of torch)"
+    with doubt_kernel_rules([finding]):
+        with pytest.raises(CheckFailed) as failure:
+            judge(CALL_EMBEDDING.format(name="by_hand"))
+        assert judge("print(by_hand(torch.eye(2), torch.tensor([1])).tolist())").strip() == "[[0.0, 1.0]]"
+    message = str(failure.value)
+    assert "(a built-in it forbids)" in message and "imports torch.utils._python_dispatch" in message
+    assert "\nLikely mistake: ex4_answer line 2 imports" in message
+    assert judge(CALL_EMBEDDING.format(name="by_hand")).strip() == "[0.0, 6.0, 0.0, 0.0, 3.0]"   # after the block

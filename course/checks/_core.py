@@ -17,7 +17,25 @@ class CheckFailed(AssertionError):
 
     In Jupyter the failure shows as the message alone (plus, when the student's code raised,
     the traceback of their code), not as a traceback through the checker: IPython calls
-    ``_render_traceback_``. ``%tb`` (or ``%xmode Verbose``) shows the full traceback."""
+    ``_render_traceback_``. ``%tb`` (or ``%xmode Verbose``) shows the full traceback.
+
+    Its parts are fields: ``what`` (the case and the numbers), ``hint`` (the likely mistake),
+    ``blamed`` (the earlier exercise at fault, when it is not this one). Build one with
+    :meth:`of`; its text is ``what``, then ``Likely mistake: hint`` on a line of its own."""
+
+    HINT = "\nLikely mistake: "
+
+    def __init__(self, message: Any = "", *args: Any) -> None:
+        super().__init__(message, *args)
+        # A failure made from its text (the kernel's own, sent back as text): split it once.
+        what, _, hint = str(message).partition(self.HINT)
+        self.what, self.hint, self.blamed = what, hint, None
+
+    @classmethod
+    def of(cls, what: str, hint: str, blamed: str | None = None) -> "CheckFailed":
+        err = cls(f"{capped(what)}{cls.HINT}{capped(hint)}" if hint else capped(what))
+        err.what, err.hint, err.blamed = capped(what), capped(hint), blamed
+        return err
 
     def _render_traceback_(self) -> list[str]:
         if _full_traceback_wanted():
@@ -132,7 +150,7 @@ def capped(text: str, limit: int = QUOTE_LIMIT) -> str:
 
 
 def fail(what: str, hint: str) -> None:
-    raise CheckFailed(f"{capped(what)}\nLikely mistake: {capped(hint)}")
+    raise CheckFailed.of(what, hint)
 
 
 def expect(condition: bool, what: str, hint: str) -> None:
@@ -404,14 +422,13 @@ def earlier_first(*earlier: tuple[str, Callable[[], None]]) -> Iterator[None]:
             except NotImplementedError:
                 continue
             except CheckFailed as inner:
-                failing.append((what, str(inner).split("\nLikely mistake: ", 1)[-1]))
+                failing.append((what, inner.hint or inner.what))
         if not failing:
             raise
-        found = str(err).split("\nLikely mistake: ", 1)[0]
         (what, inner_hint), others = failing[0], [w for w, _ in failing[1:]]
         also = f" Besides, {'; '.join(others)}." if others else ""
-        raise CheckFailed(f"{found}\nLikely mistake: {what}: fix that exercise first. "
-                          f"Its test says: {inner_hint}{also}") from err
+        raise CheckFailed.of(err.what, f"{what}: fix that exercise first. Its test says: {inner_hint}{also}",
+                             blamed=what) from err
 
 
 def earlier_answers(who: str, *answers: tuple[str, int, Any, Callable[[Any], None]]) -> list:

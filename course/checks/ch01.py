@@ -16,9 +16,10 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ._core import (CheckFailed, call, earlier_answers, earlier_first, expect, expect_close, expect_tensor, fail,
-                    forbid, generator, meta_table, own_fault)
+from ._core import (CheckFailed, call, earlier_answers, earlier_first, expect_close, expect_tensor, forbid, generator,
+                    meta_table, own_fault)
 from ._hidden import hidden_generator, hidden_rng, hidden_seed
+from ._vocabulary import compare, draw, expect, fail, matches, when
 
 Pair = tuple[int, int]
 
@@ -53,24 +54,24 @@ SAMPLE = ("To be, or not to be, that is the question: whether 'tis nobler in the
 
 # ----------------------------------------------------------------------------- exercise 1
 
+def _random_ids(d, low: int = 2) -> list[int]:
+    alphabet = d.rng.randrange(1, 9)
+    return [d.rng.randrange(alphabet) for _ in range(d.rng.randrange(low, 60))]
+
+
 def check_get_pair_counts(get_pair_counts, hidden: bool = False) -> None:
-    cases = [[1, 2, 1, 2, 1], [7, 7, 7, 7], [5, 3, 1, 3, 5], [5], []]
-    if hidden:
-        rng = hidden_rng("get_pair_counts")
-        for _ in range(20):
-            alphabet = rng.randrange(1, 9)
-            cases.append([rng.randrange(alphabet) for _ in range(rng.randrange(2, 60))])
+    cases = draw("get_pair_counts", hidden).cases([[1, 2, 1, 2, 1], [7, 7, 7, 7], [5, 3, 1, 3, 5], [5], []],
+                                                  _random_ids, 20)
     for ids in cases:
         got = call(get_pair_counts, list(ids))
         expect(isinstance(got, dict), f"get_pair_counts should return a dict, got {type(got).__name__}.",
                "build a dict (or Counter) mapping (a, b) tuples to counts.")
         want = _pair_counts_oracle(ids)
-        if dict(got) != dict(want):
-            hint = "count every adjacent pair ids[i], ids[i+1] for i in range(len(ids) - 1)."
-            if dict(got) == dict(Counter(zip(ids[::2], ids[1::2]))):
-                hint = ("pairs may overlap when counting: [7, 7, 7, 7] holds the pair (7, 7) three "
-                        "times (positions 0, 1 and 2).")
-            fail(f"get_pair_counts({ids}) returned {dict(got)}, expected {dict(want)}.", hint)
+        compare(dict(got), dict(want), f"get_pair_counts({ids})",
+                "count every adjacent pair ids[i], ids[i+1] for i in range(len(ids) - 1).",
+                variants=[(dict(Counter(zip(ids[::2], ids[1::2]))),
+                           "pairs may overlap when counting: [7, 7, 7, 7] holds the pair (7, 7) three "
+                           "times (positions 0, 1 and 2).")])
         # The docstring promises first-appearance order; train_bpe's tie rule relies on it.
         if list(got) != list(want):
             fail(f"get_pair_counts({ids}) has the right counts in the order {list(got)}, but the pairs must come "
@@ -81,31 +82,30 @@ def check_get_pair_counts(get_pair_counts, hidden: bool = False) -> None:
 
 def check_merge_pair(merge_pair, hidden: bool = False, counts: bool = True) -> None:
     """merge_pair without counts, then (unless ``counts`` is False) the counts update."""
-    cases = [([1, 2, 3, 1, 2], (1, 2), 9), ([1, 1, 1], (1, 1), 9), ([1, 1, 1, 1], (1, 1), 9),
-             ([3, 4], (4, 3), 9), ([], (1, 2), 9)]
-    if hidden:
-        rng = hidden_rng("merge_pair")
-        for _ in range(30):
-            alphabet = rng.randrange(1, 6)
-            ids = [rng.randrange(alphabet) for _ in range(rng.randrange(0, 50))]
-            cases.append((ids, (rng.randrange(alphabet), rng.randrange(alphabet)), 256 + rng.randrange(100)))
+    def drawn(d):
+        alphabet = d.rng.randrange(1, 6)
+        ids = [d.rng.randrange(alphabet) for _ in range(d.rng.randrange(0, 50))]
+        return ids, (d.rng.randrange(alphabet), d.rng.randrange(alphabet)), 256 + d.rng.randrange(100)
+
+    cases = draw("merge_pair", hidden).cases([([1, 2, 3, 1, 2], (1, 2), 9), ([1, 1, 1], (1, 1), 9),
+                                              ([1, 1, 1, 1], (1, 1), 9), ([3, 4], (4, 3), 9), ([], (1, 2), 9)],
+                                             drawn, 30)
     for ids, pair, new_id in cases:
         original = list(ids)
         got = call(merge_pair, ids, pair, new_id)
         expect(ids == original, "merge_pair changed the list it was given.",
                "build and return a new list; do not edit ids in place.")
         want = _merge_oracle(original, pair, new_id)
-        if list(got) != want:
-            hint = "scan left to right; when ids[i], ids[i+1] equals pair, emit new_id and skip both."
-            if list(got) == _merge_keeping_second(original, pair, new_id):
-                hint = ("after emitting new_id, move past both tokens of the pair (i += 2): the second token "
-                        "of each merged pair was kept.")
-            elif original == [1, 1, 1] and list(got) == [9, 9]:
-                hint = ("occurrences must not overlap: in [1, 1, 1] the pair (1, 1) is merged once, giving "
-                        "[9, 1]; after a merge, jump past both tokens (i += 2).")
-            elif len(original) and list(got)[-1:] != want[-1:] and len(got) == len(want) - 1:
-                hint = "the last token was dropped: when the loop ends on a single leftover token, append it."
-            fail(f"merge_pair({original}, {pair}, {new_id}) returned {list(got)}, expected {want}.", hint)
+        compare(list(got), want, f"merge_pair({original}, {pair}, {new_id})",
+                "scan left to right; when ids[i], ids[i+1] equals pair, emit new_id and skip both.", variants=[
+                    (_merge_keeping_second(original, pair, new_id),
+                     "after emitting new_id, move past both tokens of the pair (i += 2): the second token "
+                     "of each merged pair was kept."),
+                    ([9, 9] if original == [1, 1, 1] else None,
+                     "occurrences must not overlap: in [1, 1, 1] the pair (1, 1) is merged once, giving "
+                     "[9, 1]; after a merge, jump past both tokens (i += 2)."),
+                    (want[:-1] if original else None,
+                     "the last token was dropped: when the loop ends on a single leftover token, append it.")])
     if counts:
         _check_merge_pair_counts(merge_pair, hidden)
 
@@ -454,20 +454,19 @@ def _backward_oracle(ids: torch.Tensor, grad_output: torch.Tensor, vocab_size: i
 
 def check_embedding_backward(embedding_backward, hidden: bool = False) -> None:
     """Compared with autograd through F.embedding; repeated ids must add up."""
-    cases = [(torch.tensor([[3, 5, 3], [0, 9, 3]]), 10, 4), (torch.tensor([2, 2, 2, 2]), 3, 2)]
-    g = generator(13) if not hidden else hidden_generator("embedding_backward")
-    if hidden:
-        rng = hidden_rng("embedding_backward")
-        for _ in range(4):
-            V = rng.randrange(2, 60)
-            shape = tuple(rng.randrange(1, 6) for _ in range(rng.randrange(1, 4)))
-            ids = torch.randint(0, max(1, V // rng.choice([1, 4])), shape, generator=g)   # often repeated ids
-            ids.view(-1)[0] = V - 1
-            cases.append((ids, V, rng.randrange(1, 33)))
-    for k, (ids, V, d) in enumerate(cases):
+    def drawn(d):
+        V = d.rng.randrange(2, 60)
+        shape = tuple(d.rng.randrange(1, 6) for _ in range(d.rng.randrange(1, 4)))
+        ids = d.randint(0, max(1, V // d.rng.choice([1, 4])), shape)   # often repeated ids
+        ids.view(-1)[0] = V - 1
+        return ids, V, d.rng.randrange(1, 33)
+
+    d = draw("embedding_backward", hidden)
+    cases = d.cases([(torch.tensor([[3, 5, 3], [0, 9, 3]]), 10, 4), (torch.tensor([2, 2, 2, 2]), 3, 2)], drawn, 4)
+    for k, (ids_before, V, width) in enumerate(cases):
         dtype = torch.float64 if k == 1 else torch.float32
-        grad_output = torch.randn(*ids.shape, d, generator=g, dtype=dtype)
-        ids_before, grad_before = ids.clone(), grad_output.clone()
+        grad_before = d.randn(*ids_before.shape, width, dtype=dtype)
+        ids, grad_output = ids_before.clone(), grad_before.clone()     # the oracle sees the inputs as drawn
         with forbid((torch.Tensor, "backward"), (torch.autograd, "grad"), (torch.autograd, "backward"),
                     (F, "one_hot"), (F, "embedding"), exercise="the backward pass of the lookup"):
             try:
@@ -481,25 +480,22 @@ def check_embedding_backward(embedding_backward, hidden: bool = False) -> None:
         expect(torch.equal(ids, ids_before) and torch.equal(grad_output, grad_before),
                "embedding_backward changed its inputs.", "build a new zero table and add into it; leave ids and "
                "grad_output as they are.")
-        expect_tensor(got, (V, d), f"the gradient of a ({V}, {d}) table for ids of shape {tuple(ids.shape)}")
-        expect(got.dtype == dtype, f"the gradient has dtype {got.dtype}, expected {dtype} (that of grad_output).",
+        expect(isinstance(got, torch.Tensor) and got.dtype == dtype,
+               f"the gradient is {getattr(got, 'dtype', type(got).__name__)}, expected a {dtype} tensor "
+               f"(that of grad_output).",
                "create the zero table with grad_output's dtype: grad_output.new_zeros(vocab_size, d_model).")
-        want = _backward_oracle(ids, grad_output, V)
-        if not torch.allclose(got.detach().to(dtype), want, atol=1e-5, rtol=1e-5):
-            flat_ids, flat_grad = ids.reshape(-1), grad_output.reshape(-1, d)
-            last = torch.zeros(V, d, dtype=dtype)
-            last[flat_ids] = flat_grad
-            if torch.allclose(got.detach().to(dtype), last):
-                hint = ("a token that occurs several times must receive the sum of its gradients; assignment "
-                        "(table[ids] = grad) keeps only one of them. Add with index_add_(0, ids, grad).")
-            elif not torch.equal(got.detach().abs().sum(1).gt(0), want.abs().sum(1).gt(0)):
-                hint = ("the wrong rows received gradient: row i collects the gradients of the positions where "
-                        "ids == i, and rows that were not looked up stay 0 (index_add_ along dim 0).")
-            else:
-                hint = ("flatten ids to (N,) and grad_output to (N, d_model), then "
-                        "table.index_add_(0, flat_ids, flat_grad): row ids[n] receives grad_output[n].")
-            fail(f"embedding_backward for ids {ids.tolist() if ids.numel() <= 12 else tuple(ids.shape)} differs from "
-                 f"autograd's gradient of the lookup.", hint)
+        want = _backward_oracle(ids_before, grad_before, V)
+        last = torch.zeros(V, width, dtype=dtype)
+        last[ids_before.reshape(-1)] = grad_before.reshape(-1, width)
+        rows = f"ids {ids_before.tolist() if ids_before.numel() <= 12 else tuple(ids_before.shape)}"
+        compare(got, want, f"embedding_backward for {rows} (a ({V}, {width}) table)",
+                "flatten ids to (N,) and grad_output to (N, d_model), then "
+                "table.index_add_(0, flat_ids, flat_grad): row ids[n] receives grad_output[n].", variants=[
+                    (last, "a token that occurs several times must receive the sum of its gradients; assignment "
+                           "(table[ids] = grad) keeps only one of them. Add with index_add_(0, ids, grad)."),
+                    (when(lambda got: not torch.equal(got.abs().sum(1).gt(0), want.abs().sum(1).gt(0))),
+                     "the wrong rows received gradient: row i collects the gradients of the positions where "
+                     "ids == i, and rows that were not looked up stay 0 (index_add_ along dim 0).")])
 
 
 # ----------------------------------------------------------------------------- exercise 5
@@ -639,78 +635,65 @@ def _gpt2_variants(V: int, P: int, d: int, L: int, tied: bool) -> list[tuple[int
 
 
 def check_gpt2_parameter_count(gpt2_parameter_count, hidden: bool = False) -> None:
-    cases = [(50257, 1024, 768, 12, True), (50257, 1024, 768, 12, False), (100, 16, 8, 2, True)]
-    if hidden:
-        rng = hidden_rng("gpt2_parameter_count")
-        cases += [(50257, 1024, 1024, 24, True), (50257, 1024, 1600, 48, True)]
-        for _ in range(4):
-            cases.append((rng.randrange(100, 60_000), rng.randrange(16, 4097), 8 * rng.randrange(1, 200),
-                          rng.randrange(1, 50), rng.random() < 0.6))
-    for V, P, d, L, tied in cases:
-        got = call(gpt2_parameter_count, V, P, d, L, tied)
-        want = _gpt2_oracle(V, P, d, L, tied)
-        if got != want:
-            hint = next((h for value, h in _gpt2_variants(V, P, d, L, tied) if value == got),
-                        "add up every tensor of the layout in the exercise: the two tables, n_layers blocks "
-                        "(two LayerNorms, four Linear layers with biases), the final LayerNorm, and the output "
-                        "layer only when it is not tied.")
-            fail(f"gpt2_parameter_count(vocab_size={V}, n_positions={P}, d_model={d}, n_layers={L}, tied={tied}) "
-                 f"gave {got}, expected {want:,}.", hint)
+    def drawn(d):
+        return (d.rng.randrange(100, 60_000), d.rng.randrange(16, 4097), 8 * d.rng.randrange(1, 200),
+                d.rng.randrange(1, 50), d.rng.random() < 0.6)
+
+    visible = [(50257, 1024, 768, 12, True), (50257, 1024, 768, 12, False), (100, 16, 8, 2, True)]
+    d = draw("gpt2_parameter_count", hidden)
+    cases = d.cases(visible + ([(50257, 1024, 1024, 24, True), (50257, 1024, 1600, 48, True)] if hidden else []),
+                    drawn, 4)
+    for V, P, width, L, tied in cases:
+        compare(call(gpt2_parameter_count, V, P, width, L, tied), _gpt2_oracle(V, P, width, L, tied),
+                f"gpt2_parameter_count(vocab_size={V}, n_positions={P}, d_model={width}, n_layers={L}, tied={tied})",
+                "add up every tensor of the layout in the exercise: the two tables, n_layers blocks "
+                "(two LayerNorms, four Linear layers with biases), the final LayerNorm, and the output "
+                "layer only when it is not tied.", variants=_gpt2_variants(V, P, width, L, tied))
 
 
 def check_embedding_memory_bytes(embedding_memory_bytes, hidden: bool = False) -> None:
-    cases = [(50_000, 4096, torch.float32, 819_200_000), (50_000, 4096, torch.bfloat16, 409_600_000),
-             (32_000, 4096, torch.int8, 131_072_000)]
+    dtypes = [torch.float16, torch.float64, torch.float32, torch.bfloat16, torch.int8]
+    cases = [(50_000, 4096, torch.float32), (50_000, 4096, torch.bfloat16), (32_000, 4096, torch.int8)]
     if hidden:
-        rng = hidden_rng("embedding_memory_bytes")
-        dtypes = [(torch.float16, 2), (torch.float64, 8), (torch.float32, 4), (torch.bfloat16, 2), (torch.int8, 1)]
-        for dtype, size in rng.sample(dtypes, 3):
-            v, d = rng.randrange(1000, 200_000), rng.randrange(16, 8192)
-            cases.append((v, d, dtype, v * d * size))
-    for v, d, dtype, want in cases:
-        got = call(embedding_memory_bytes, v, d, dtype)
-        if got != want:
-            if got == want * 8:
-                hint = "that is bits: a float32 is 4 bytes (torch.finfo(dtype).bits // 8, or tensor.element_size())."
-            elif dtype != torch.float32 and got == v * d * 4:
-                hint = f"{dtype} does not take 4 bytes per number: look the size up from the dtype."
-            else:
-                hint = "bytes = vocab_size * d_model * bytes per element of dtype."
-            fail(f"embedding_memory_bytes({v}, {d}, {dtype}) gave {got}, expected {want}.", hint)
+        rng = draw("embedding_memory_bytes", hidden).rng
+        cases += [(rng.randrange(1000, 200_000), rng.randrange(16, 8192), dtype) for dtype in rng.sample(dtypes, 3)]
+    for v, width, dtype in cases:
+        want = v * width * torch.empty(0, dtype=dtype).element_size()
+        compare(call(embedding_memory_bytes, v, width, dtype), want, f"embedding_memory_bytes({v}, {width}, {dtype})",
+                "bytes = vocab_size * d_model * bytes per element of dtype.", variants=[
+                    (want * 8, "that is bits: a float32 is 4 bytes (torch.finfo(dtype).bits // 8, or "
+                               "tensor.element_size())."),
+                    (v * width * 4 if dtype != torch.float32 else None,
+                     f"{dtype} does not take 4 bytes per number: look the size up from the dtype.")])
 
 # ----------------------------------------------------------------------------- exercise 8
 
 def check_patchify(patchify, hidden: bool = False) -> None:
-    shapes = [(2, 3, 8, 8, 4), (1, 1, 6, 9, 3)]
-    if hidden:
-        rng = hidden_rng("patchify")
-        shapes += [(3, 2, 12, 8, 4), (2, 3, 5, 5, 5)]
-        for _ in range(3):
-            p = rng.randrange(1, 6)
-            shapes.append((rng.randrange(1, 4), rng.randrange(1, 5), p * rng.randrange(1, 5), p * rng.randrange(1, 5), p))
-    g = generator(41) if not hidden else hidden_generator("patchify")
+    def drawn(d):
+        p = d.rng.randrange(1, 6)
+        return d.rng.randrange(1, 4), d.rng.randrange(1, 5), p * d.rng.randrange(1, 5), p * d.rng.randrange(1, 5), p
+
+    d = draw("patchify", hidden)
+    shapes = d.cases([(2, 3, 8, 8, 4), (1, 1, 6, 9, 3)] + ([(3, 2, 12, 8, 4), (2, 3, 5, 5, 5)] if hidden else []),
+                     drawn, 3)
     for B, C, H, W, p in shapes:
-        images = torch.randn(B, C, H, W, generator=g)
+        images = d.randn(B, C, H, W)
         with forbid((F, "unfold"), (F, "conv2d"), exercise="patchify with view and permute"):
             got = call(patchify, images.clone(), p)
         n = (H // p) * (W // p)
         expect_tensor(got, (B, n, C * p * p), f"patchify of {(B, C, H, W)} with patch_size={p}")
         oracle = F.unfold(images, kernel_size=p, stride=p).transpose(1, 2)
-        if not torch.allclose(got, oracle):
-            same_values = torch.allclose(got.sort(dim=-1).values, oracle.sort(dim=-1).values)
-            grid = (B, H // p, W // p, C * p * p)
-            column_major = oracle.reshape(grid).transpose(1, 2).reshape(B, n, C * p * p)
-            if H // p > 1 and W // p > 1 and torch.allclose(got, column_major):
-                hint = ("each patch is right, but the patches come column by column: number them row by row, "
-                        "left to right along the first row of the grid, then the next row (the grid axes in the "
-                        "order (H/p, W/p) before flattening).")
-            elif same_values:
-                hint = ("each patch has the right pixels in the wrong order: flatten in (channel, row, col) order, "
-                        "i.e. permute to (B, H/p, W/p, C, p, p) before the final reshape.")
-            else:
-                hint = ("a plain reshape mixes pixels from different patches: view as (B, C, H/p, p, W/p, p), "
-                        "permute to (B, H/p, W/p, C, p, p), then reshape to (B, N, C*p*p).")
-            fail("patchify put the wrong pixels in the patches.", hint)
+        column_major = oracle.reshape(B, H // p, W // p, C * p * p).transpose(1, 2).reshape(B, n, C * p * p)
+        compare(got, oracle, f"patchify of {(B, C, H, W)} with patch_size={p} put the wrong pixels in the patches",
+                "a plain reshape mixes pixels from different patches: view as (B, C, H/p, p, W/p, p), "
+                "permute to (B, H/p, W/p, C, p, p), then reshape to (B, N, C*p*p).", variants=[
+                    (column_major if H // p > 1 and W // p > 1 else None,
+                     "each patch is right, but the patches come column by column: number them row by row, "
+                     "left to right along the first row of the grid, then the next row (the grid axes in the "
+                     "order (H/p, W/p) before flattening)."),
+                    (when(lambda got: matches(got.sort(dim=-1).values, oracle.sort(dim=-1).values)),
+                     "each patch has the right pixels in the wrong order: flatten in (channel, row, col) order, "
+                     "i.e. permute to (B, H/p, W/p, C, p, p) before the final reshape.")])
 
 
 def check_patch_embedding(PatchEmbedding, hidden: bool = False) -> None:

@@ -1,0 +1,194 @@
+"""The four words every check is written in: draw, compare, diagnose, fail.
+
+- :func:`draw` gives a check its inputs: a ``random.Random`` and a ``torch.Generator`` for
+  one tag, seeded from the tag alone for the visible tests and from the grading seed for the
+  hidden ones. Nothing else seeds anything: no check touches the global RNG except through
+  :meth:`Draw.seeded`, which forks it.
+- :func:`compare` holds a result against its oracle: one rule for tensors (shape, then values
+  within the tolerance of the expected dtype, :data:`TOLERANCE`), numbers, and plain values;
+  on a mismatch it fails with the worst entry and the hint :func:`diagnose` picks.
+- :func:`diagnose` names the mistake: the hint of the first wrong variant (a value the
+  mistake would have produced) that the result matches.
+- :func:`fail` raises :class:`CheckFailed` with its parts as fields (``what``, ``hint``,
+  ``blamed``): nothing reads a failure back from its text.
+
+Example, a check of ``double(x)``::
+
+    def check_double(double, hidden=False):
+        d = draw("double", hidden)
+        for n in d.sizes([3, 7], hidden_extra=4, low=1, high=50):
+            x = d.randn(n)
+            got = call(double, x.clone())
+            compare(got, 2 * x, f"double of {n} numbers", "multiply by 2, once.",
+                    variants=[(x, "the input came back unchanged: return 2 * x."),
+                              (4 * x, "x was doubled twice.")])
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import math
+import random
+from typing import Any, Callable, Iterable, Iterator, NoReturn
+
+import torch
+
+from ._core import CheckFailed, capped
+
+# (atol, rtol) by the dtype of the expected value: what rounding in that dtype allows.
+TOLERANCE = {
+    torch.float64: (1e-10, 1e-8),
+    torch.float32: (1e-5, 1e-5),
+    torch.float16: (1e-3, 1e-3),
+    torch.bfloat16: (1e-2, 1e-2),
+}
+EXACT = (0.0, 0.0)
+
+
+# ----------------------------------------------------------------------------- fail
+
+def fail(what: str, hint: str, blamed: str | None = None) -> NoReturn:
+    """Fail the check: ``what`` went wrong (the case and the numbers), ``hint`` names the
+    likely mistake, ``blamed`` the earlier exercise at fault when it is not this one's."""
+    raise CheckFailed.of(what, hint, blamed)
+
+
+def expect(condition: Any, what: str, hint: str) -> None:
+    if not condition:
+        fail(what, hint)
+
+
+# ----------------------------------------------------------------------------- draw
+
+class Draw:
+    """The inputs of one check. ``rng`` (sizes, choices) and ``gen`` (tensor values) are
+    seeded from ``tag``: visible tests always get the same inputs, hidden tests get inputs
+    fixed by the grading seed, unknown until grading runs."""
+
+    def __init__(self, tag: str, hidden: bool) -> None:
+        from ._hidden import hidden_seed
+
+        self.tag, self.hidden = tag, hidden
+        self.seed = hidden_seed(tag) if hidden else _visible_seed(tag)
+        self.rng = random.Random(self.seed)
+        self.gen = torch.Generator().manual_seed(self.seed)
+
+    def randn(self, *shape: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        return torch.randn(*shape, generator=self.gen, dtype=dtype)
+
+    def randint(self, low: int, high: int, shape: tuple[int, ...]) -> torch.Tensor:
+        return torch.randint(low, high, shape, generator=self.gen)
+
+    def uniform(self, low: float, high: float, *shape: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        return low + (high - low) * torch.rand(*shape, generator=self.gen, dtype=dtype)
+
+    def cases(self, visible: list, hidden: Callable[["Draw"], Any], count: int) -> list:
+        """``visible``, plus ``count`` cases drawn by ``hidden(self)`` when the tests are hidden."""
+        return list(visible) + ([hidden(self) for _ in range(count)] if self.hidden else [])
+
+    def sub(self, name: str) -> "Draw":
+        """Another stream of the same check (``draw("embedding", hidden).sub("ids")``)."""
+        return Draw(f"{self.tag}/{name}", self.hidden)
+
+    @contextlib.contextmanager
+    def seeded(self) -> Iterator[None]:
+        """Seed the global RNG (here, and in the kernel for the calls made in the block) from
+        this draw, inside a fork: for a module whose initial weights the check must know."""
+        from .. import probe
+
+        with torch.random.fork_rng(devices=[]), probe.kernel_seed(self.seed):
+            yield
+
+
+def draw(tag: str, hidden: bool) -> Draw:
+    """The inputs of the check named ``tag``; see :class:`Draw`."""
+    return Draw(tag, hidden)
+
+
+def _visible_seed(tag: str) -> int:
+    return int.from_bytes(hashlib.sha256(f"visible\x00{tag}".encode()).digest()[:8], "big") >> 1
+
+
+# ----------------------------------------------------------------------------- compare
+
+def tolerance(want: Any, tol: tuple[float, float] | None = None) -> tuple[float, float]:
+    if tol is not None:
+        return tol
+    if isinstance(want, torch.Tensor):
+        return TOLERANCE.get(want.dtype, EXACT)
+    return TOLERANCE[torch.float64] if isinstance(want, float) else EXACT
+
+
+def matches(got: Any, want: Any, tol: tuple[float, float] | None = None) -> bool:
+    """Whether ``got`` is ``want``: tensors of the same shape, close within the tolerance of
+    ``want``'s dtype (NaN where ``want`` has NaN); numbers within it; anything else equal."""
+    try:
+        if isinstance(want, torch.Tensor):
+            if not isinstance(got, torch.Tensor) or tuple(got.shape) != tuple(want.shape):
+                return False
+            atol, rtol = tolerance(want, tol)
+            a, b = got.detach().to(torch.float64), want.detach().to(torch.float64)
+            return bool(torch.allclose(a, b, atol=atol, rtol=rtol, equal_nan=True))
+        if isinstance(want, float) and isinstance(got, (int, float)) and not isinstance(got, bool):
+            atol, rtol = tolerance(want, tol)
+            return math.isclose(float(got), want, rel_tol=rtol, abs_tol=atol) or (math.isnan(got) and math.isnan(want))
+        return type(got) is not bool and got == want if not isinstance(want, bool) else got is want
+    except Exception:  # noqa: BLE001 - a value that cannot be compared does not match
+        return False
+
+
+class when:  # noqa: N801 - reads as a word in a list of variants
+    """A variant given by a property of the result rather than its value:
+    ``(when(lambda got: got.sum() == 0), "the table stayed zero.")``."""
+
+    def __init__(self, test: Callable[[Any], Any]) -> None:
+        self.test = test
+
+
+def diagnose(got: Any, variants: Iterable[tuple[Any, str]], otherwise: str,
+             tol: tuple[float, float] | None = None) -> str:
+    """The hint of the first variant ``got`` matches, else ``otherwise``. A variant is the
+    value a mistake produces, a function of no arguments computing it, or a :class:`when`;
+    one that raises names no mistake."""
+    for variant, hint in variants:
+        try:
+            if isinstance(variant, when):
+                found = bool(variant.test(got))
+            else:
+                found = matches(got, variant() if callable(variant) else variant, tol)
+        except Exception:  # noqa: BLE001 - a variant that cannot be built names no mistake
+            continue
+        if found:
+            return hint
+    return otherwise
+
+
+def compare(got: Any, want: Any, what: str, hint: str, variants: Iterable[tuple[Any, str]] = (),
+            tol: tuple[float, float] | None = None) -> None:
+    """Fail unless ``got`` matches ``want`` (see :func:`matches`). The message names ``what``
+    and, for tensors, the first wrong shape or the worst entry; the hint is the diagnosed
+    variant's, else ``hint``."""
+    if matches(got, want, tol):
+        return
+    why = diagnose(got, variants, hint, tol)
+    if isinstance(want, torch.Tensor):
+        fail(f"{what}: {_tensor_difference(got, want)}", why)
+    fail(f"{what} is {capped(repr(got), 300)}, expected {capped(repr(want), 300)}.", why)
+
+
+def _tensor_difference(got: Any, want: torch.Tensor) -> str:
+    if not isinstance(got, torch.Tensor):
+        return f"got {type(got).__name__}, expected a tensor of shape {tuple(want.shape)}."
+    if tuple(got.shape) != tuple(want.shape):
+        return f"got shape {tuple(got.shape)}, expected {tuple(want.shape)}."
+    a, b = got.detach().to(torch.float64), want.detach().to(torch.float64)
+    diff = (a - b).abs().nan_to_num(float("inf"))
+    diff[a.isnan() & b.isnan()] = 0
+    if diff.dim() == 0:
+        return f"got {a.item():.6g}, expected {b.item():.6g}."
+    worst = int(diff.argmax())
+    at = [int(i) for i in torch.unravel_index(torch.tensor(worst), diff.shape)]
+    where = at[0] if len(at) == 1 else at
+    return (f"largest difference {diff.max().item():.3g} at index {where} "
+            f"(got {a.flatten()[worst].item():.6g}, expected {b.flatten()[worst].item():.6g}).")

@@ -174,6 +174,10 @@ def compare(got: Any, want: Any, what: str, hint: str, variants: Iterable[tuple[
     why = diagnose(got, variants, hint, tol)
     if isinstance(want, torch.Tensor):
         fail(f"{what}: {_tensor_difference(got, want)}", why)
+    if isinstance(want, dict) and isinstance(got, dict) and len(want) > 3:
+        wrong = {k: (got.get(k), want.get(k)) for k in [*want, *got] if got.get(k) != want.get(k)}
+        shown = ", ".join(f"{k!r}: got {g!r}, expected {w!r}" for k, (g, w) in list(wrong.items())[:3])
+        fail(f"{what} is wrong for {len(wrong)} key(s), e.g. {capped(shown, 600)}.", why)
     fail(f"{what} is {capped(repr(got), 300)}, expected {capped(repr(want), 300)}.", why)
 
 

@@ -16,9 +16,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ._core import (CheckFailed, call, earlier_answers, earlier_first, expect_close, expect_tensor, forbid, generator,
-                    meta_table, own_fault)
-from ._hidden import hidden_generator, hidden_rng, hidden_seed
+from ._core import CheckFailed, call, earlier_answers, earlier_first, expect_tensor, forbid, meta_table, own_fault
 from ._vocabulary import compare, draw, expect, fail, matches, when
 
 Pair = tuple[int, int]
@@ -117,16 +115,16 @@ def _check_merge_pair_counts(merge_pair, hidden: bool) -> None:
     """merge_pair(ids, pair, new_id, counts) returns (new ids, counts updated locally)."""
     # [1, 2, 1, 2, 5, 2, 1]: the pair between two neighbouring occurrences, (2, 1), also occurs
     # elsewhere, so subtracting it twice leaves a wrong count rather than a missing key.
-    cases = [([1, 2, 3, 1, 2], (1, 2), 9), ([5, 1, 2, 1, 2, 7], (1, 2), 9), ([7, 7, 7, 7, 7], (7, 7), 9),
-             ([1, 2, 1, 2, 5, 2, 1], (1, 2), 9),
-             ([4, 7, 7, 7, 7, 4], (7, 7), 9), ([3, 4], (4, 3), 9), ([2, 2], (2, 2), 9)]
-    if hidden:
-        rng = hidden_rng("merge_pair/counts")
-        for _ in range(30):
-            alphabet = rng.randrange(1, 5)
-            ids = [rng.randrange(alphabet) for _ in range(rng.randrange(2, 50))]
-            k = rng.randrange(len(ids) - 1)
-            cases.append((ids, (ids[k], ids[k + 1]), 256 + rng.randrange(100)))
+    def drawn(d):
+        alphabet = d.rng.randrange(1, 5)
+        ids = [d.rng.randrange(alphabet) for _ in range(d.rng.randrange(2, 50))]
+        k = d.rng.randrange(len(ids) - 1)
+        return ids, (ids[k], ids[k + 1]), 256 + d.rng.randrange(100)
+
+    cases = draw("merge_pair/counts", hidden).cases(
+        [([1, 2, 3, 1, 2], (1, 2), 9), ([5, 1, 2, 1, 2, 7], (1, 2), 9), ([7, 7, 7, 7, 7], (7, 7), 9),
+         ([1, 2, 1, 2, 5, 2, 1], (1, 2), 9), ([4, 7, 7, 7, 7, 4], (7, 7), 9), ([3, 4], (4, 3), 9), ([2, 2], (2, 2), 9)],
+        drawn, 30)
     for ids, pair, new_id in cases:
         original = list(ids)
         counts = dict(_pair_counts_oracle(ids))
@@ -145,35 +143,34 @@ def _check_merge_pair_counts(merge_pair, hidden: bool) -> None:
                f"expected {want_ids}.", "with counts given, the returned list must be the same as without.")
         want = dict(_pair_counts_oracle(want_ids))
         want[SENTINEL] = 5
-        if got_counts == want:
-            continue
-        label = f"merge_pair({original}, {pair}, {new_id}, counts)"
-        if got_counts == before:
-            hint = ("the counts came back unchanged: subtract the pairs that the merge removes and add the ones "
-                    "it creates (counts[p] -= 1, counts[q] = counts.get(q, 0) + 1), then return the dict.")
-        elif got_counts.get(SENTINEL) != 5:
-            hint = ("counts was rebuilt instead of updated: an entry for a pair that is nowhere near a merge must "
-                    "be left as it is (the test put such an entry in counts). Change only the pairs that overlap a "
-                    "merged occurrence, and the pairs the new token forms with its neighbours.")
-        elif {k: v for k, v in got_counts.items() if v != 0} == want:
-            hint = "remove a pair from counts when its count falls to 0, so that every key is a pair that occurs."
-        elif (got_counts.get(tuple(pair), 0) == before.get(tuple(pair), 0)
-              and want.get(tuple(pair), 0) != before[tuple(pair)]):
-            hint = ("the merged pair itself disappears at every merged occurrence: subtract it too, along with the "
-                    "pairs each occurrence formed with its left and right neighbours.")
-        elif any(original[i:i + 2] == list(pair) and original[i + 2:i + 4] == list(pair)
-                 for i in range(len(original) - 3)):
-            hint = ("two merged occurrences can be neighbours (in [7, 7, 7, 7] the pair (7, 7) is merged at 0 and "
-                    "2): the pair between them is one pair, subtracted once, and the new pair they form is "
-                    "(new_id, new_id). Compare the pairs of ids that touch a merged position with the pairs of the "
-                    "result that touch new_id.")
-        else:
-            hint = ("each merged occurrence removes the pairs of ids it overlaps (its left neighbour's pair, the "
-                    "pair itself, its right neighbour's pair) and adds the pairs new_id forms in the result.")
-        wrong = {k: (got_counts.get(k), want.get(k)) for k in set(got_counts) | set(want)
-                 if got_counts.get(k) != want.get(k)}
-        fail(f"{label} left counts wrong for {len(wrong)} pair(s), e.g. (pair: got, expected) "
-             f"{dict(list(wrong.items())[:3])}.", hint)
+        compare(got_counts, want, f"merge_pair({original}, {pair}, {new_id}, counts)'s counts",
+                "each merged occurrence removes the pairs of ids it overlaps (its left neighbour's pair, the "
+                "pair itself, its right neighbour's pair) and adds the pairs new_id forms in the result.",
+                variants=_counts_variants(original, tuple(pair), before, want))
+
+
+def _counts_variants(original: list[int], pair: Pair, before: dict, want: dict) -> list:
+    """The updates of counts that common slips produce, each with the hint that names it."""
+    neighbours = any(original[i:i + 2] == list(pair) and original[i + 2:i + 4] == list(pair)
+                     for i in range(len(original) - 3))
+    return [
+        (before, "the counts came back unchanged: subtract the pairs that the merge removes and add the ones "
+                 "it creates (counts[p] -= 1, counts[q] = counts.get(q, 0) + 1), then return the dict."),
+        (when(lambda got: got.get(SENTINEL) != 5),
+         "counts was rebuilt instead of updated: an entry for a pair that is nowhere near a merge must "
+         "be left as it is (the test put such an entry in counts). Change only the pairs that overlap a "
+         "merged occurrence, and the pairs the new token forms with its neighbours."),
+        (when(lambda got: {k: v for k, v in got.items() if v != 0} == want),
+         "remove a pair from counts when its count falls to 0, so that every key is a pair that occurs."),
+        (when(lambda got: got.get(pair, 0) == before.get(pair, 0) and want.get(pair, 0) != before[pair]),
+         "the merged pair itself disappears at every merged occurrence: subtract it too, along with the "
+         "pairs each occurrence formed with its left and right neighbours."),
+        (when(lambda got: neighbours),
+         "two merged occurrences can be neighbours (in [7, 7, 7, 7] the pair (7, 7) is merged at 0 and "
+         "2): the pair between them is one pair, subtracted once, and the new pair they form is "
+         "(new_id, new_id). Compare the pairs of ids that touch a merged position with the pairs of the "
+         "result that touch new_id."),
+    ]
 
 
 # ----------------------------------------------------------------------------- exercise 2
@@ -235,12 +232,11 @@ def check_train_bpe(train_bpe, get_pair_counts=None, merge_pair=None, hidden: bo
 
 
 def _check_train_bpe(train_bpe, hidden: bool) -> None:
-    cases = [("aaabdaaabac", 3), (SAMPLE, 20), ("ab", 5)]
-    if hidden:
-        rng = hidden_rng("train_bpe")
-        for _ in range(6):
-            alphabet = "".join(rng.sample("ab c\né✓—日xyz", rng.randrange(2, 9)))
-            cases.append((_random_text(rng, rng.randrange(50, 400), alphabet), rng.randrange(5, 40)))
+    def drawn(d):
+        alphabet = "".join(d.rng.sample("ab c\né✓—日xyz", d.rng.randrange(2, 9)))
+        return _random_text(d.rng, d.rng.randrange(50, 400), alphabet), d.rng.randrange(5, 40)
+
+    cases = draw("train_bpe", hidden).cases([("aaabdaaabac", 3), (SAMPLE, 20), ("ab", 5)], drawn, 6)
     for text, n in cases:
         merges = call(train_bpe, text, n)
         verify_merges(text, merges, n, f"train_bpe({text[:20]!r}..., {n})")
@@ -261,12 +257,11 @@ def check_encode_decode(encode, decode, train_bpe, merge_pair=None, get_pair_cou
 
 
 def _check_encode_decode(encode, decode, train_bpe, hidden: bool) -> None:
-    texts = [SAMPLE, "héllo wörld ✓ — naïve café", "aaaa"]
-    if hidden:
-        rng = hidden_rng("encode_decode")
-        for _ in range(10):
-            alphabet = "".join(rng.sample("ab c\néü✓—日本xyz", rng.randrange(1, 10)))
-            texts.append(_random_text(rng, rng.randrange(1, 200), alphabet))
+    def drawn(d):
+        alphabet = "".join(d.rng.sample("ab c\néü✓—日本xyz", d.rng.randrange(1, 10)))
+        return _random_text(d.rng, d.rng.randrange(1, 200), alphabet)
+
+    texts = draw("encode_decode", hidden).cases([SAMPLE, "héllo wörld ✓ — naïve café", "aaaa"], drawn, 10)
     for text in texts:
         merges = call(train_bpe, text, 10)
         ids = call(encode, text, merges)
@@ -285,11 +280,10 @@ def _check_encode_decode(encode, decode, train_bpe, hidden: bool) -> None:
     # between them encoded exactly as encode(piece) would encode it alone.
     # Text unseen in training: the learned merges, applied in order, to any text.
     merges = call(train_bpe, SAMPLE, 40)
-    unseen = ["the nobler question — héllo, arrows!", "zzz qqq", ""]
-    if hidden:
-        rng = hidden_rng("encode_decode/unseen")
-        words = SAMPLE.split() + ["naïve", "日本", "xyz"]
-        unseen += [" ".join(rng.sample(words, rng.randrange(2, 12))) for _ in range(4)]
+    words = SAMPLE.split() + ["naïve", "日本", "xyz"]
+    unseen = draw("encode_decode/unseen", hidden).cases(
+        ["the nobler question — héllo, arrows!", "zzz qqq", ""],
+        lambda d: " ".join(d.rng.sample(words, d.rng.randrange(2, 12))), 4)
     for text in unseen:
         ids = call(encode, text, merges)
         want = _encode_oracle(text, merges)
@@ -330,20 +324,20 @@ def _encode_special_oracle(text: str, merges: dict, special: dict[str, int]) -> 
 def _check_special_tokens(encode, decode, train_bpe, hidden: bool) -> None:
     merges = call(train_bpe, SAMPLE, 30)
     first = 256 + len(merges)
-    cases = [({"<|endoftext|>": 1000}, "to be<|endoftext|>or not"),
-             ({"<|endoftext|>": first, "<|pad|>": first + 1},
-              "<|pad|>whether 'tis nobler<|endoftext|><|endoftext|> the slings<|pad|>")]
-    if hidden:
-        rng = hidden_rng("encode_decode/special")
-        words = SAMPLE.split()
-        for _ in range(4):
-            names = rng.sample(["<|endoftext|>", "<|pad|>", "<s>", "</s>", "<|im_start|>", "<|im_end|>"],
-                               rng.randrange(1, 4))
-            base = first + rng.randrange(0, 50)
-            special = {name: base + k for k, name in enumerate(names)}
-            parts = [rng.choice(names) if rng.random() < 0.35 else " ".join(rng.sample(words, rng.randrange(1, 5)))
-                     for _ in range(rng.randrange(3, 9))]
-            cases.append((special, "".join(parts)))
+    words = SAMPLE.split()
+
+    def drawn(d):
+        rng = d.rng
+        names = rng.sample(["<|endoftext|>", "<|pad|>", "<s>", "</s>", "<|im_start|>", "<|im_end|>"], rng.randrange(1, 4))
+        base = first + rng.randrange(0, 50)
+        parts = [rng.choice(names) if rng.random() < 0.35 else " ".join(rng.sample(words, rng.randrange(1, 5)))
+                 for _ in range(rng.randrange(3, 9))]
+        return {name: base + k for k, name in enumerate(names)}, "".join(parts)
+
+    cases = draw("encode_decode/special", hidden).cases(
+        [({"<|endoftext|>": 1000}, "to be<|endoftext|>or not"),
+         ({"<|endoftext|>": first, "<|pad|>": first + 1},
+          "<|pad|>whether 'tis nobler<|endoftext|><|endoftext|> the slings<|pad|>")], drawn, 4)
     for special, text in cases:
         ids = call(encode, text, merges, dict(special))
         want = _encode_special_oracle(text, merges, special)
@@ -401,10 +395,10 @@ def _embedding_forward(module: nn.Module, ids: torch.Tensor, exercise: str) -> t
 def check_embedding(Embedding, hidden: bool = False, init: bool = True) -> None:
     """The table, its initialisation (unless ``init`` is False: exercises that only look rows
     up ask for the rest), the lookup and its gradient."""
-    torch.manual_seed(11 if not hidden else hidden_seed("embedding/init"))
-    rng = hidden_rng("embedding")
-    vocab_size, d_model = (1000, 64) if not hidden else (rng.randrange(1000, 4000), rng.randrange(16, 129))
-    emb = call(Embedding, vocab_size, d_model, name="Embedding(...)")
+    d = draw("embedding", hidden)
+    vocab_size, d_model = (1000, 64) if not hidden else (d.rng.randrange(1000, 4000), d.rng.randrange(16, 129))
+    with d.sub("init").seeded():
+        emb = call(Embedding, vocab_size, d_model, name="Embedding(...)")
     _no_embedding_shortcut(emb, "Embedding")
     weight = getattr(emb, "weight", None)
     expect(isinstance(weight, nn.Parameter), "Embedding should have an attribute `weight` that is an nn.Parameter.",
@@ -419,18 +413,16 @@ def check_embedding(Embedding, hidden: bool = False, init: bool = True) -> None:
         fail(f"the initial weights have std {std:.4f}, expected about 0.02.", hint)
     expect(not init or abs(weight.detach().mean().item()) < 0.002, "the initial weights are not centred on zero.",
            "use a normal distribution with mean 0.")
-    g = generator(12) if not hidden else hidden_generator("embedding/ids")
-    shapes = [(2, 7), (5,)]
-    if hidden:
-        shapes += [(3, 4, 2)] + [tuple(rng.randrange(1, 6) for _ in range(rng.randrange(1, 4))) for _ in range(2)]
+    shapes = d.cases([(2, 7), (5,)] + ([(3, 4, 2)] if hidden else []),
+                     lambda d: tuple(d.rng.randrange(1, 6) for _ in range(d.rng.randrange(1, 4))), 2)
     for shape in shapes:
-        ids = torch.randint(0, vocab_size, shape, generator=g)
+        ids = d.randint(0, vocab_size, shape)
         ids[..., 0] = vocab_size - 1  # the last row must be reachable
-        out = _embedding_forward(emb, ids, "Embedding")
-        expect_tensor(out, (*shape, d_model), f"Embedding output for ids of shape {shape}")
         oracle = F.one_hot(ids, vocab_size).to(weight.dtype) @ weight.detach()
-        expect_close(out, oracle, "Embedding output",
-                     "row i of the output is weight[i]: index the table with the ids (weight[ids]).")
+        out = _embedding_forward(emb, ids.clone(), "Embedding")
+        expect_tensor(out, (*shape, d_model), f"Embedding output for ids of shape {shape}")
+        compare(out, oracle, "Embedding output",
+                "row i of the output is weight[i]: index the table with the ids (weight[ids]).")
     # Gradients reach exactly the rows that were used.
     emb.zero_grad()
     ids = torch.tensor([[3, 5, 3]])
@@ -443,8 +435,8 @@ def check_embedding(Embedding, hidden: bool = False, init: bool = True) -> None:
     used = weight.grad.abs().sum(dim=1) > 0
     expect(used.nonzero().flatten().tolist() == [3, 5], "the gradient reached rows that were not looked up.",
            "forward should only index the rows named by ids.")
-    expect_close(weight.grad[3], torch.full((d_model,), 2.0), "the gradient of a row used twice",
-                 "a token that appears twice gets the sum of both gradients: plain indexing does this.")
+    compare(weight.grad[3], torch.full((d_model,), 2.0), "the gradient of a row used twice",
+            "a token that appears twice gets the sum of both gradients: plain indexing does this.")
 
 def _backward_oracle(ids: torch.Tensor, grad_output: torch.Tensor, vocab_size: int) -> torch.Tensor:
     table = torch.zeros(vocab_size, grad_output.shape[-1], dtype=grad_output.dtype, requires_grad=True)
@@ -510,40 +502,32 @@ def check_scaled_embedding(ScaledEmbedding, Embedding=None, hidden: bool = False
 
 
 def _check_scaled_embedding(ScaledEmbedding, hidden: bool) -> None:
-    sizes = [(50, 64), (50, 16)]
-    if hidden:
-        rng = hidden_rng("scaled_embedding")
-        sizes += [(77, 300), (9, 1)] + [(rng.randrange(2, 500), rng.randrange(2, 400)) for _ in range(2)]
+    d = draw("scaled_embedding", hidden)
+    sizes = d.cases([(50, 64), (50, 16)] + ([(77, 300), (9, 1)] if hidden else []),
+                    lambda d: (d.rng.randrange(2, 500), d.rng.randrange(2, 400)), 2)
     for i, (vocab_size, d_model) in enumerate(sizes):
-        torch.manual_seed(21 + d_model if not hidden else hidden_seed(f"scaled_embedding/init{i}"))
-        emb = call(ScaledEmbedding, vocab_size, d_model, name="ScaledEmbedding(...)")
+        with d.sub(f"init{i}").seeded():
+            emb = call(ScaledEmbedding, vocab_size, d_model, name="ScaledEmbedding(...)")
         _no_embedding_shortcut(emb, "ScaledEmbedding")
         weight = getattr(emb, "weight", None)
         expect(isinstance(weight, nn.Parameter) and tuple(weight.shape) == (vocab_size, d_model),
                "ScaledEmbedding should expose its table as `weight` (vocab_size, d_model).",
                "subclass your Embedding, or keep one and expose its weight.")
-        ids = torch.randint(0, vocab_size, (2, 6),
-                            generator=generator(22) if not hidden else hidden_generator(f"scaled_embedding/ids{i}"))
-        out = _embedding_forward(emb, ids, "ScaledEmbedding")
+        ids = d.randint(0, vocab_size, (2, 6))
+        out = _embedding_forward(emb, ids.clone(), "ScaledEmbedding")
         expect_tensor(out, (2, 6, d_model), "ScaledEmbedding output")
         raw = weight.detach()[ids]
         ratio = (out.detach().norm() / raw.norm()).item()
         scale = math.sqrt(d_model)
-        if not math.isclose(ratio, scale, rel_tol=1e-4):
-            if math.isclose(ratio, d_model, rel_tol=1e-4) and d_model != 1:
-                hint = "the scale is sqrt(d_model), not d_model: use math.sqrt(d_model)."
-            elif math.isclose(ratio, 1 / scale, rel_tol=1e-4):
-                hint = "multiply by sqrt(d_model); dividing shrinks the embeddings instead."
-            elif math.isclose(ratio, math.sqrt(vocab_size), rel_tol=1e-4):
-                hint = ("the scale is sqrt(d_model), the width of a row, not sqrt(vocab_size), the number of "
-                        "rows: weight.shape[1], not weight.shape[0].")
-            elif math.isclose(ratio, 1.0, rel_tol=1e-4):
-                hint = "the output is not scaled at all: multiply the looked-up rows by sqrt(d_model)."
-            else:
-                hint = "multiply the looked-up rows by sqrt(d_model), once."
-            fail(f"with d_model={d_model} the output is {ratio:.4g} times the table rows, expected "
-                 f"sqrt(d_model) = {scale:.4g}.", hint)
-        expect_close(out, raw * scale, "ScaledEmbedding output", "scale every entry by the same factor.")
+        compare(ratio, scale, f"with d_model={d_model}, the output over the table rows",
+                "multiply the looked-up rows by sqrt(d_model), once.", tol=(0.0, 1e-4), variants=[  # float32 norms
+                    (float(d_model) if d_model != 1 else None,
+                     "the scale is sqrt(d_model), not d_model: use math.sqrt(d_model)."),
+                    (1 / scale, "multiply by sqrt(d_model); dividing shrinks the embeddings instead."),
+                    (math.sqrt(vocab_size), "the scale is sqrt(d_model), the width of a row, not sqrt(vocab_size), "
+                                            "the number of rows: weight.shape[1], not weight.shape[0]."),
+                    (1.0, "the output is not scaled at all: multiply the looked-up rows by sqrt(d_model).")])
+        compare(out, raw * scale, "ScaledEmbedding output", "scale every entry by the same factor.")
 
 # ----------------------------------------------------------------------------- exercise 6
 
@@ -557,10 +541,10 @@ def check_tied_lm(TiedLanguageModel, Embedding=None, hidden: bool = False) -> No
 
 
 def _check_tied_lm(TiedLanguageModel, hidden: bool) -> None:
-    rng = hidden_rng("tied_lm")
-    vocab_size, d_model = (40, 16) if not hidden else (rng.randrange(20, 300), rng.randrange(4, 65))
-    torch.manual_seed(31 if not hidden else hidden_seed("tied_lm/init"))
-    model = call(TiedLanguageModel, vocab_size, d_model, name="TiedLanguageModel(...)")
+    d = draw("tied_lm", hidden)
+    vocab_size, d_model = (40, 16) if not hidden else (d.rng.randrange(20, 300), d.rng.randrange(4, 65))
+    with d.sub("init").seeded():
+        model = call(TiedLanguageModel, vocab_size, d_model, name="TiedLanguageModel(...)")
     embed, head = getattr(model, "embed", None), getattr(model, "head", None)
     expect(embed is not None and head is not None, "TiedLanguageModel needs attributes `embed` and `head`.",
            "keep the names from the exercise: self.embed and self.head.")
@@ -578,13 +562,13 @@ def _check_tied_lm(TiedLanguageModel, hidden: bool) -> None:
     expect(sum(p.numel() for p in params) == vocab_size * d_model,
            "the model has parameters besides the one shared table.",
            "this model is only the tied table: embed -> head, nothing else.")
-    shape = (2, 5) if not hidden else (rng.randrange(1, 5), rng.randrange(1, 9))
-    ids = torch.randint(0, vocab_size, shape, generator=generator(32) if not hidden else hidden_generator("tied_lm"))
-    logits = call(model, ids, name="TiedLanguageModel.forward")
+    shape = (2, 5) if not hidden else (d.rng.randrange(1, 5), d.rng.randrange(1, 9))
+    ids = d.randint(0, vocab_size, shape)
+    w = embed.weight.detach().clone()
+    logits = call(model, ids.clone(), name="TiedLanguageModel.forward")
     expect_tensor(logits, (*shape, vocab_size), "logits")
-    w = embed.weight.detach()
-    expect_close(logits, w[ids] @ w.T, "logits",
-                 "logits = embed(ids) @ embed.weight.T (the head uses the same matrix, transposed by nn.Linear).")
+    compare(logits, w[ids] @ w.T, "logits",
+            "logits = embed(ids) @ embed.weight.T (the head uses the same matrix, transposed by nn.Linear).")
     # One gradient, accumulated from both uses of the table.
     expect(logits.requires_grad, "the logits carry no gradient.", "do not detach anything in forward.")
     model.zero_grad()
@@ -697,16 +681,15 @@ def check_patchify(patchify, hidden: bool = False) -> None:
 
 
 def check_patch_embedding(PatchEmbedding, hidden: bool = False) -> None:
-    configs = [(8, 4, 3, 16)]
-    if hidden:
-        rng = hidden_rng("patch_embedding")
-        configs += [(12, 4, 2, 10), (6, 3, 1, 5)]
-        for _ in range(2):
-            p = rng.randrange(1, 6)
-            configs.append((p * rng.randrange(1, 5), p, rng.randrange(1, 4), rng.randrange(2, 25)))
+    def drawn(d):
+        p = d.rng.randrange(1, 6)
+        return p * d.rng.randrange(1, 5), p, d.rng.randrange(1, 4), d.rng.randrange(2, 25)
+
+    d = draw("patch_embedding", hidden)
+    configs = d.cases([(8, 4, 3, 16)] + ([(12, 4, 2, 10), (6, 3, 1, 5)] if hidden else []), drawn, 2)
     for i, (image_size, p, C, d_model) in enumerate(configs):
-        torch.manual_seed(51 if not hidden else hidden_seed(f"patch_embedding/init{i}"))
-        module = call(PatchEmbedding, image_size, p, C, d_model, name="PatchEmbedding(...)")
+        with d.sub(f"init{i}").seeded():
+            module = call(PatchEmbedding, image_size, p, C, d_model, name="PatchEmbedding(...)")
         proj = getattr(module, "proj", None)
         expect(isinstance(proj, nn.Linear) and tuple(proj.weight.shape) == (d_model, C * p * p),
                "PatchEmbedding needs `proj`, an nn.Linear(in_channels * patch_size**2, d_model).",
@@ -714,23 +697,27 @@ def check_patch_embedding(PatchEmbedding, hidden: bool = False) -> None:
         expect(getattr(module, "num_patches", None) == (image_size // p) ** 2,
                f"num_patches should be (image_size // patch_size)**2 = {(image_size // p) ** 2}.",
                "store self.num_patches in __init__.")
-        images = torch.randn(2, C, image_size, image_size,
-                             generator=generator(52) if not hidden else hidden_generator(f"patch_embedding/images{i}"))
+        images = d.randn(2, C, image_size, image_size)
         with forbid((F, "unfold"), (F, "conv2d"), exercise="patchify with view and permute"):
-            out = call(module, images, name="PatchEmbedding.forward")
+            out = call(module, images.clone(), name="PatchEmbedding.forward")
         expect_tensor(out, (2, (image_size // p) ** 2, d_model), "PatchEmbedding output")
         conv = nn.Conv2d(C, d_model, kernel_size=p, stride=p)
         with torch.no_grad():
             conv.weight.copy_(proj.weight.view(d_model, C, p, p))
             conv.bias.copy_(proj.bias)
             oracle = conv(images).flatten(2).transpose(1, 2)
-        expect_close(out, oracle, "PatchEmbedding output (compared with a Conv2d, kernel = stride = patch_size)",
-                     "patchify the images in (channel, row, col) order, then apply self.proj.", atol=1e-5)
-    bad = [(10, 4, 3, 8)]
-    if hidden:
-        p = rng.randrange(2, 8)
-        bad.append((p * rng.randrange(1, 5) + rng.randrange(1, p), p, rng.randrange(1, 4), rng.randrange(2, 25)))
-    for image_size, p, C, d_model in bad:
+        compare(out, oracle, "PatchEmbedding output (compared with a Conv2d, kernel = stride = patch_size)",
+                "patchify the images in (channel, row, col) order, then apply self.proj.")
+    _check_misfit_sizes(PatchEmbedding, d)
+
+
+def _check_misfit_sizes(PatchEmbedding, d) -> None:
+    """An image size that patch_size does not divide raises a ValueError naming both."""
+    def misfit(d):
+        p = d.rng.randrange(2, 8)
+        return p * d.rng.randrange(1, 5) + d.rng.randrange(1, p), p, d.rng.randrange(1, 4), d.rng.randrange(2, 25)
+
+    for image_size, p, C, d_model in d.cases([(10, 4, 3, 8)], misfit, 1):
         try:
             PatchEmbedding(image_size, p, C, d_model)
         except ValueError as err:

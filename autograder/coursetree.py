@@ -66,6 +66,9 @@ def nbgrader_config(root: Path, settings: GradingSettings) -> Config:
     c.CourseExecute.timeout = settings.cell_timeout
     c.CourseExecute.profile = settings.profile
     c.CourseExecute.judge = True
+    # Each notebook's kernel is started while the previous one is graded (benchmarks/grading.py
+    # measures it against COURSE_COLD_KERNELS=1, which starts each when its notebook comes).
+    c.CourseExecute.warm_kernels = os.environ.get("COURSE_COLD_KERNELS", "") != "1"
     c.OverwriteCells.add_missing_cells = True
     c.Autograde.autograde_preprocessors = [
         CourseExecute, StderrIsNotFailure, IgnorePattern, ClearMetadataPreprocessor,

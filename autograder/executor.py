@@ -16,6 +16,7 @@
 
 from __future__ import annotations
 
+import atexit
 import os
 import signal
 import time
@@ -133,6 +134,28 @@ class SandboxedKernelManager(AsyncKernelManager):
 
 VERDICT_LIMIT = 20_000     # characters of a failed test's message kept in the graded notebook
 
+# The kernel started ahead for the next notebook this process grades: (kernel name, manager,
+# sandbox). It imports PyTorch and the course's data (course/kernel_warmup.py) while the
+# current notebook is graded, holds nothing of any student, and serves one notebook only.
+_SPARE: list[tuple[str, "SandboxedKernelManager", object]] = []
+WARMUP = ["--IPKernelApp.exec_lines=import course.kernel_warmup as _warm; del _warm"]
+
+
+def _shut_down_spare() -> None:
+    """At exit: the spare kernel is killed (bubblewrap's --die-with-parent would too) and its
+    sandbox removed."""
+    while _SPARE:
+        _, km, sandbox = _SPARE.pop()
+        process = getattr(km.provisioner, "process", None) if km.has_kernel else None
+        if process is not None and process.poll() is None:
+            process.kill()
+            process.wait()
+        km.cleanup_resources()
+        sandbox.cleanup()
+
+
+atexit.register(_shut_down_spare)
+
 
 class CourseExecute(Execute):
     """nbgrader's Execute step with the course's contract (see the module docstring)."""
@@ -153,6 +176,8 @@ class CourseExecute(Execute):
     # ... and when they never come (a message over MAX_MESSAGE_BYTES dropped the connection),
     # the notebook goes on: the cell keeps what was read of its output.
     raise_on_iopub_timeout = Bool(False).tag(config=True)
+    warm_kernels = Bool(True, help="start the next notebook's sandboxed kernel while this one is graded"
+                        ).tag(config=True)
 
     def __init__(self, *args, **kwargs):
         kwargs.setdefault("kernel_manager_class", SandboxedKernelManager)
@@ -168,14 +193,52 @@ class CourseExecute(Execute):
     # ------------------------------------------------------------------ the kernel
 
     def create_kernel_manager(self):
-        km = super().create_kernel_manager()
-        if self.sandbox_factory is not None:
-            self._sandbox = self.sandbox_factory()
-            km.sandbox = self._sandbox
-            km.transport = "ipc"
-            km.connection_file = str(self._sandbox.socket_dir / "kernel.json")
-            km.ip = str(self._sandbox.socket_dir / "kernel")
+        km = super().create_kernel_manager()        # also settles self.kernel_name
+        spare = self._take_spare()
+        if spare is not None:                       # started ahead: this notebook is its only one
+            self.km, self._sandbox = spare
+            return self.km
+        self._sandbox = self._sandboxed(km)
         return km
+
+    def _sandboxed(self, km):
+        """``km`` set to launch its kernel in a new sandbox (returned), or None unsandboxed."""
+        if self.sandbox_factory is None:
+            return None
+        sandbox = self.sandbox_factory()
+        km.sandbox = sandbox
+        km.transport = "ipc"
+        km.connection_file = str(sandbox.socket_dir / "kernel.json")
+        km.ip = str(sandbox.socket_dir / "kernel")
+        return sandbox
+
+    def _take_spare(self):
+        """The kernel started ahead, if it is of this notebook's kind and still alive."""
+        if not _SPARE:
+            return None
+        name, km, sandbox = _SPARE.pop()
+        process = getattr(km.provisioner, "process", None) if km.has_kernel else None
+        if name == self.kernel_name and process is not None and process.poll() is None:
+            return km, sandbox
+        _SPARE.append((name, km, sandbox))
+        _shut_down_spare()
+        return None
+
+    async def async_start_new_kernel_client(self):
+        kc = await super().async_start_new_kernel_client()
+        if self.warm_kernels and self.sandbox_factory is not None and not _SPARE:
+            current = self.km
+            try:    # the next notebook's kernel: launched now, it warms up while this one runs
+                km = super().create_kernel_manager()
+                self.km = current
+                sandbox = self._sandboxed(km)
+                await km.start_kernel(extra_arguments=WARMUP)
+                _SPARE.append((self.kernel_name, km, sandbox))
+            except Exception as err:  # noqa: BLE001 - the next notebook then starts its own
+                self.log.warning("could not start the next kernel ahead: %s", err)
+            finally:
+                self.km = current
+        return kc
 
     def preprocess(self, nb, resources=None, km=None):
         kernel_messages.install()       # a missed wake-up must not hold a cell to its time limit

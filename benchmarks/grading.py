@@ -5,7 +5,9 @@ wrong answers from tests/mistakes) is graded
 
 - by plain ``nbgrader autograde`` + ``nbgrader generate_feedback`` (one process, no sandbox,
   the test cells run inside the student's kernel: nbgrader's own way, the baseline);
-- by ``python -m autograder grade --workers 1`` (sandbox per notebook, trusted judge);
+- by ``python -m autograder grade --workers 1`` (sandbox per notebook, trusted judge), with
+  each notebook's kernel started when the notebook comes (``COURSE_COLD_KERNELS=1``) and as
+  the grader does it, started while the previous notebook is graded;
 - by ``python -m autograder grade --workers N`` for each N of --workers;
 - with --ray, by ``grade --cluster`` against a local Ray cluster started here.
 
@@ -75,12 +77,15 @@ def plain_nbgrader(submissions: Path, work: Path) -> float:
     return time.perf_counter() - started
 
 
-def course_grader(submissions: Path, work: Path, workers: int, extra: list[str] | None = None) -> float:
-    """``grade`` from the command line, everything included (it generates the assignments too)."""
+def course_grader(submissions: Path, work: Path, workers: int, extra: list[str] | None = None,
+                  cold: bool = False) -> float:
+    """``grade`` from the command line, everything included (it generates the assignments too).
+    ``cold``: each notebook's kernel is started when its notebook comes, not ahead."""
     started = time.perf_counter()
+    env = {**os.environ, "COURSE_COLD_KERNELS": "1" if cold else "0"}
     subprocess.run([sys.executable, "-m", "autograder", "grade", str(submissions), "--out", str(work / "out"),
                     "--profile", "smoke", "--no-progress", "--workers", str(workers), *(extra or [])],
-                   cwd=ROOT, check=True, capture_output=True)
+                   cwd=ROOT, check=True, capture_output=True, env=env)
     return time.perf_counter() - started
 
 
@@ -96,6 +101,8 @@ def main() -> None:
         submissions = Path(tmp) / "submissions"
         n = build_submissions(submissions, args.copies)
         modes: list[tuple[str, object]] = [("plain nbgrader (no sandbox)", lambda w: plain_nbgrader(submissions, w)),
+                                           ("grade --workers 1, cold kernels",
+                                            lambda w: course_grader(submissions, w, 1, cold=True)),
                                            ("grade --workers 1", lambda w: course_grader(submissions, w, 1))]
         for workers in [w for w in dict.fromkeys(args.workers) if w != 1]:      # workers 1 is always run
             modes.append((f"grade --workers {workers}", lambda w, k=workers: course_grader(submissions, w, k)))

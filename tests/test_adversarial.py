@@ -9,7 +9,6 @@ feedback page, and the correct students graded after the attackers still get ful
 
 from __future__ import annotations
 
-import csv
 import os
 import shutil
 import subprocess
@@ -21,6 +20,7 @@ import pytest
 from nbformat.v4 import new_markdown_cell
 
 from feedback_browser import chromium_or_skip, live_markup, visit
+from grading_tools import rows_of, run_grade, start_grade
 from notebook_tools import ROOT, grade_id, release_notebook, solution_answers, student_notebook, write_notebook
 
 pytestmark = pytest.mark.slow
@@ -238,26 +238,18 @@ def graded(tmp_path_factory):
     root = tmp_path_factory.mktemp("hostile")
     out = tmp_path_factory.mktemp("hostile-out")
     names = _submissions(root, out)
-    env = {**os.environ, "COURSE_GRADER_SECRET": SECRET, "COURSE_MEMORY_LOG": str(out / "memory.jsonl")}
+    env = {"COURSE_GRADER_SECRET": SECRET, "COURSE_MEMORY_LOG": str(out / "memory.jsonl")}
     # A second grading run on the same machine at the same time (another course, another
     # instructor): its students share nothing with the attackers.
     beside, beside_out = tmp_path_factory.mktemp("beside"), tmp_path_factory.mktemp("beside-out")
     for k in range(3):
         write_notebook(student_notebook(ASSIGNMENT, solution_answers(ASSIGNMENT)),
                        beside / f"beside_{k}" / ASSIGNMENT / NOTEBOOK)
-    command = [sys.executable, "-m", "autograder", "grade", "--timeout", "20", "--profile", "smoke", "--no-progress"]
-    other = subprocess.Popen(command + [str(beside), "--out", str(beside_out), "--workers", "1"], cwd=ROOT,
-                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    done = subprocess.run(command + [str(root), "--out", str(out), "--workers", "2"],
-                          cwd=ROOT, capture_output=True, text=True, timeout=1800, env=env)
+    other = start_grade(beside, beside_out, workers=1)
+    run_grade(root, out, env=env)
     beside_log, _ = other.communicate(timeout=1800)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert other.returncode == 0, beside_log[-3000:]
-    with open(out / "grades.csv", newline="") as f:
-        rows = {row["student"]: row for row in csv.DictReader(f)}
-    with open(beside_out / "grades.csv", newline="") as f:
-        beside_rows = list(csv.DictReader(f))
-    return rows, out, names, beside_rows
+    return {row["student"]: row for row in rows_of(out)}, out, names, rows_of(beside_out)
 
 
 def _feedback(out: Path, student: str) -> str:

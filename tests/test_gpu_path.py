@@ -20,6 +20,7 @@ import torch
 from autograder import sandbox as sb
 from autograder.settings import GradingSettings
 from course.capstone.profiles import DRY_RUN_ENV, PROFILES, current_profile, dry_run
+from grading_tools import rows_of, run_grade
 from notebook_tools import ROOT, grade_id, solution_answers, student_notebook, write_notebook
 
 CAPSTONE = "ch07_capstone"
@@ -31,19 +32,14 @@ CAPSTONE = "ch07_capstone"
 def dry_run_grade(tmp_path_factory):
     """The reference answers, submitted as a student would, graded by the real autograder
     (sandbox on) in a dry run of the gpu profile on the CPU."""
-    import csv
 
     subs = tmp_path_factory.mktemp("dry-subs")
     nb = student_notebook(CAPSTONE, solution_answers(CAPSTONE))
     write_notebook(nb, subs / "student" / CAPSTONE / f"{CAPSTONE}.ipynb")
     out = tmp_path_factory.mktemp("dry-out")
-    env = {**os.environ, "COURSE_DRY_RUN": "0"}   # only --dry-run decides, whatever the shell says
-    done = subprocess.run([sys.executable, "-m", "autograder", "grade", str(subs), "--out", str(out),
-                           "--profile", "gpu", "--dry-run", "--device", "cpu", "--workers", "1",
-                           "--timeout", "120", "--seed", "0", "--no-progress"],
-                          cwd=ROOT, capture_output=True, text=True, timeout=900, env=env)
-    assert done.returncode == 0, done.stdout + done.stderr
-    row = next(csv.DictReader(open(out / "grades.csv")))
+    env = {"COURSE_DRY_RUN": "0"}   # only --dry-run decides, whatever the shell says
+    run_grade(subs, out, "--dry-run", "--device", "cpu", "--seed", "0", profile="gpu", workers=1, timeout=120, env=env)
+    row = rows_of(out)[0]
     folder = out / "nbgrader" / "autograded" / "student" / CAPSTONE
     import nbformat
 

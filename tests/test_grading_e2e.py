@@ -3,7 +3,6 @@ submissions, through the documented command ``python -m autograder grade``."""
 
 from __future__ import annotations
 
-import csv
 import html as html_lib
 import subprocess
 import sys
@@ -12,6 +11,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
+from grading_tools import rows_of, run_grade
 from mistakes import assignments, e2e_mistakes, mistakes_for
 from notebook_tools import ROOT, grade_id, solution_answers, student_notebook, write_notebook
 
@@ -23,13 +23,8 @@ CELL_TIMEOUT = 20
 
 def grade(submissions: Path, out: Path, workers: int = 2) -> dict[tuple[str, str], dict]:
     """Run the grading CLI; return grades.csv rows keyed by (student, assignment)."""
-    done = subprocess.run([sys.executable, "-m", "autograder", "grade", str(submissions), "--out", str(out),
-                           "--timeout", str(CELL_TIMEOUT), "--profile", "smoke", "--no-progress",
-                           "--workers", str(workers)],
-                          cwd=ROOT, capture_output=True, text=True, timeout=1800)
-    assert done.returncode == 0, done.stdout + done.stderr
-    with open(out / "grades.csv", newline="") as f:
-        return {(row["student"], row["assignment"]): row for row in csv.DictReader(f)}
+    run_grade(submissions, out, workers=workers, timeout=CELL_TIMEOUT)
+    return {(row["student"], row["assignment"]): row for row in rows_of(out)}
 
 
 def autograded(out: Path, student: str, assignment: str = ASSIGNMENT):

@@ -7,18 +7,17 @@ Also unit tests (fast) of the pieces: nbgrader's real error, internal ids, the l
 from __future__ import annotations
 
 import copy
-import csv
 import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import nbformat
 import pytest
 
+from grading_tools import grade_command, rows_of, start_grade
 from notebook_tools import ROOT, grade_id, solution_answers, student_notebook, write_notebook
 
 A = "ch01_embeddings"
@@ -28,13 +27,11 @@ FULL = 22.0        # ch01's max score; checked against max_score in the rows
 
 def command(submissions: Path, out: Path) -> list[str]:
     """One worker: these tests kill the grader after its first row, so the order matters."""
-    return [sys.executable, "-m", "autograder", "grade", str(submissions), "--out", str(out),
-            "--timeout", "20", "--profile", "smoke", "--no-progress", "--workers", "1"]
+    return grade_command(submissions, out, workers=1)
 
 
 def start(submissions: Path, out: Path) -> subprocess.Popen:
-    return subprocess.Popen(command(submissions, out), cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, start_new_session=True)
+    return start_grade(submissions, out, workers=1)
 
 
 def finish(proc: subprocess.Popen, timeout: float = 900) -> str:
@@ -43,9 +40,6 @@ def finish(proc: subprocess.Popen, timeout: float = 900) -> str:
     return output
 
 
-def rows_of(out: Path) -> list[dict]:
-    with open(out / "grades.csv", newline="", encoding="utf-8") as f:
-        return list(csv.DictReader(f))
 
 
 def by_key(rows: list[dict]) -> dict[tuple[str, str], dict]:
@@ -371,13 +365,34 @@ def test_every_folder_gets_a_row_with_a_reason(odd_batch):
     assert "symbolic link" in (feedback / "symlink_nb" / A / "feedback.html").read_text(encoding="utf-8")
 
 
+def held_for_review(out: Path, student: str) -> tuple[int, list[str]]:
+    """(test cells held because the code can switch kernel-side rules off, other failures)."""
+    ids = json.loads((out / "nbgrader" / "student_ids.json").read_text(encoding="utf-8"))
+    sid = next(key for key, name in ids.items() if name == student)     # graded under a safe id
+    nb = nbformat.read(out / "nbgrader" / "autograded" / sid / A / NB, as_version=4)
+    held, other = 0, []
+    for cell in nb.cells:
+        errors = [o for o in cell.get("outputs", []) if o.get("output_type") == "error"]
+        if grade_id(cell) and errors:
+            if all("can switch such rules off" in o.get("evalue", "") for o in errors):
+                held += 1
+            else:
+                other.append(grade_id(cell))
+    return held, other
+
+
 @pytest.mark.slow
 def test_odd_names_grade_like_any_other(odd_batch):
     rows = by_key(odd_batch["rows"])
     for student in ("n2 glob[1]", "Zoë *?"):
-        assert float(rows[(student, A)]["score"]) == FULL, rows[(student, A)]
         pages = list((odd_batch["out"] / "feedback" / student / A).glob("*.html"))
         assert pages, f"no feedback under the real name {student!r}"
+    assert float(rows[("n2 glob[1]", A)]["score"]) == FULL, rows[("n2 glob[1]", A)]
+    # Zoë's answers are right, but a patch of torch puts the kernel's rules in doubt: only the
+    # tests that rely on one are held (each says why); every other test scores.
+    held, other = held_for_review(odd_batch["out"], "Zoë *?")
+    assert held > 0 and other == [], (held, other)
+    assert 0 < float(rows[("Zoë *?", A)]["score"]) < FULL
     ids = json.loads((odd_batch["out"] / "nbgrader" / "student_ids.json").read_text(encoding="utf-8"))
     assert sorted(ids.values()) == sorted(["n2 glob[1]", "Zoë *?", "symlink_nb", "forger", "hangup"])
 
@@ -391,9 +406,8 @@ def test_duplicated_cells_are_graded_with_a_note(odd_batch):
 
 
 @pytest.mark.slow
-def test_review_notes_reach_csv_and_feedback_without_changing_the_score(odd_batch):
+def test_review_notes_reach_csv_and_feedback(odd_batch):
     row = by_key(odd_batch["rows"])[("Zoë *?", A)]
-    assert float(row["score"]) == FULL
     assert "review: ex4_answer line 1 patches torch.allclose" in row["notes"]
     assert "imports subprocess" in row["notes"] and "runs a shell command (!ls)" in row["notes"]
     page = next((odd_batch["out"] / "feedback" / "Zoë *?" / A).glob("*.html")).read_text(encoding="utf-8")

@@ -4,19 +4,16 @@ worker loses no row, and a second run regrades only what changed (``--force`` ev
 
 from __future__ import annotations
 
-import csv
 import html
-import os
 import shutil
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
+from grading_tools import rows_of, run_grade
 from mistakes import mistakes_for
-from notebook_tools import ROOT, solution_answers, student_notebook, write_notebook
+from notebook_tools import solution_answers, student_notebook, write_notebook
 
 pytestmark = pytest.mark.slow
 A = "ch01_embeddings"
@@ -24,16 +21,8 @@ NB = f"{A}.ipynb"
 
 
 def run(submissions: Path, out: Path, *extra: str, env: dict | None = None) -> str:
-    done = subprocess.run([sys.executable, "-m", "autograder", "grade", str(submissions), "--out", str(out),
-                           "--timeout", "30", "--profile", "smoke", "--no-progress", "--seed", "2026", *extra],
-                          cwd=ROOT, capture_output=True, text=True, timeout=900, env={**os.environ, **(env or {})})
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    done = run_grade(submissions, out, "--seed", "2026", *extra, env=env, workers=None, timeout=30)
     return done.stdout + done.stderr
-
-
-def rows_of(out: Path) -> list[dict]:
-    with open(out / "grades.csv", newline="", encoding="utf-8") as f:
-        return list(csv.DictReader(f))
 
 
 def autograded_times(out: Path) -> dict[str, int]:

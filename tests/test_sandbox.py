@@ -13,6 +13,7 @@ import pytest
 import course
 from autograder.sandbox import Limits, Sandbox, available
 from autograder.sandbox_ids import FIRST_ID
+from grading_tools import rows_of, run_grade
 from notebook_tools import ROOT
 
 pytestmark = pytest.mark.skipif(not available(), reason="bubblewrap is not usable here")
@@ -80,23 +81,16 @@ def test_grading_refuses_without_a_sandbox_unless_asked(tmp_path):
     for tool in ("python", "python3"):
         (bindir / tool).symlink_to(sys.executable)
     env = {**os.environ, "PATH": str(bindir)}   # no bwrap on PATH
-    done = subprocess.run([sys.executable, "-m", "autograder", "grade", str(ROOT / "exercises"), "--out",
-                           str(tmp_path / "out"), "--no-progress"], cwd=ROOT, capture_output=True, text=True,
-                          env=env, timeout=300)
-    assert done.returncode == 2, done.stdout + done.stderr
+    done = run_grade(ROOT / "exercises", tmp_path / "out", returncode=2, env=env, workers=None, timeout=None,
+                     profile=None)
     assert "bubblewrap" in done.stderr and "--unsandboxed" in done.stderr
 
 
 @pytest.mark.slow
 def test_unsandboxed_grading_is_noted_in_every_row(tmp_path):
-    import csv
-
     subs = tmp_path / "subs" / "me" / "ch01_embeddings"
     subs.mkdir(parents=True)
     shutil.copy(ROOT / "exercises" / "ch01_embeddings" / "ch01_embeddings.ipynb", subs)
-    done = subprocess.run([sys.executable, "-m", "autograder", "grade", str(tmp_path / "subs"), "--out",
-                           str(tmp_path / "out"), "--unsandboxed", "--timeout", "30", "--no-progress"],
-                          cwd=ROOT, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stdout + done.stderr
-    rows = list(csv.DictReader(open(tmp_path / "out" / "grades.csv")))
+    run_grade(tmp_path / "subs", tmp_path / "out", "--unsandboxed", workers=None, timeout=30, profile=None)
+    rows = rows_of(tmp_path / "out")
     assert rows and all("without the sandbox" in r["notes"] for r in rows), rows

@@ -64,7 +64,6 @@ def nbgrader_config(root: Path, settings: GradingSettings) -> Config:
     c.ClearSolutions.code_stub = {"python": STUB}
     c.Execute.timeout = settings.cell_timeout
     c.CourseExecute.timeout = settings.cell_timeout
-    c.CourseExecute.profile = settings.profile
     c.CourseExecute.judge = True
     # Each notebook's kernel is started while the previous one is graded (benchmarks/grading.py
     # measures it against COURSE_COLD_KERNELS=1, which starts each when its notebook comes).

@@ -30,13 +30,14 @@ from nbgrader.preprocessors import Execute
 from traitlets import Any as AnyTrait
 from traitlets import Bool, Dict, Integer, Unicode
 
-from . import contract, kernel_messages
+from course import kernel_messages
+
+from . import contract
 from .contract import Role
 
 KERNEL_DIED = "KernelDied"
 NOT_RUN = "NotRun"
 TIMED_OUT = "CellTimeoutError"
-OUTPUT_LIMIT = "OutputLimitExceeded"
 
 
 def error_output(ename: str, evalue: str, traceback_text: str | None = None) -> NotebookNode:
@@ -160,7 +161,6 @@ atexit.register(_shut_down_spare)
 class CourseExecute(Execute):
     """nbgrader's Execute step with the course's contract (see the module docstring)."""
 
-    profile = Unicode("cpu", help="capstone profile: which per-cell limits apply").tag(config=True)
     release_limits = Dict({}, help="'notebook/grade_id' -> seconds, read from the released "
                                    "notebooks (a submission cannot change them)").tag(config=True)
     judge = Bool(False, help="judge graded test cells in this process").tag(config=True)

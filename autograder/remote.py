@@ -30,6 +30,7 @@ import cloudpickle
 import torch
 
 from course import probe
+from course.checks import _core
 
 # What the grader reads of one reply (the kernel writes it: hostile until read within these).
 MAX_REPLY_BYTES = 192 << 20      # the whole file: tensors' bytes and the pickle
@@ -543,6 +544,12 @@ class RemoteTensor(torch.Tensor):
 
 class RemoteParameter(RemoteTensor, torch.nn.Parameter):
     """A :class:`RemoteTensor` whose kernel object is an ``nn.Parameter``."""
+
+
+
+# The checks describe a RemoteObject as "an object of your code" and skip this folder's frames
+# when they show a student's traceback: told here, so that the course knows nothing of the grader.
+_core.register_runner(str(Path(__file__).resolve().parent), RemoteObject)
 
 
 class TrustedNamespace(dict):

@@ -55,7 +55,6 @@ class Limits:
     disk_bytes: int = 512 << 20          # HOME and /tmp together (tmpfs: held in memory)
     disk_files: int = 1 << 15            # files and folders in HOME and /tmp together
     open_files: int = 1024               # RLIMIT_NOFILE
-    output_bytes: int = 2 << 20          # per cell, enforced by the executor
 
 
 def bwrap_path() -> str | None:

@@ -61,7 +61,7 @@ def run_visible_tests(path: Path, settings: GradingSettings) -> list[CellResult]
     settings.apply_to_environment()
     nb = contract.read(path)
     limits = {f"{path.stem}/{gid}": sec for gid, sec in contract.time_limits(nb, settings.profile).items()}
-    executor = CourseExecute(timeout=settings.cell_timeout, profile=settings.profile, release_limits=limits,
+    executor = CourseExecute(timeout=settings.cell_timeout, release_limits=limits,
                              judge=False, kernel_name="python3",
                              kernel_manager_class=QuietKernelManager)
     executor.preprocess(nb, {"metadata": {"path": str(path.parent)}, "nbgrader": {"notebook": path.stem}})

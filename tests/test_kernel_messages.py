@@ -1,5 +1,5 @@
 """A kernel's reply that has come is read within a second, even when the socket's wake-up
-is missed (autograder/kernel_messages.py): the book once waited 300 s for one."""
+is missed (course/kernel_messages.py): the book once waited 300 s for one."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import zmq.asyncio
 from jupyter_client.channels import AsyncZMQSocketChannel
 from jupyter_client.session import Session
 
-from autograder import kernel_messages
+from course import kernel_messages
 
 
 @pytest.fixture

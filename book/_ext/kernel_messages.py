@@ -1,7 +1,7 @@
 """Sphinx extension: the book's pages wait for their kernels' replies in slices of a second
-(autograder/kernel_messages.py says why: a missed wake-up once held a page for 300 s)."""
+(course/kernel_messages.py says why: a missed wake-up once held a page for 300 s)."""
 
-from autograder.kernel_messages import install
+from course.kernel_messages import install
 
 
 def setup(app):

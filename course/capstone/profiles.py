@@ -27,7 +27,7 @@ items. It shows that a profile runs end to end, not that it reaches its marks.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 
 ENV_VAR = "COURSE_PROFILE"
 DRY_RUN_ENV = "COURSE_DRY_RUN"        # "1": a dry run of the profile (see dry_run)
@@ -97,7 +97,6 @@ class Profile:
     cls: ClassifierConfig
     thresholds: Thresholds
     use_bf16: bool = False             # autocast on CUDA
-    cell_timeout: dict = field(default_factory=dict)
     dry_run: bool = False              # a dry run of the profile named ``name`` (see dry_run)
 
 

@@ -11,8 +11,8 @@ Sphinx process never stalled.
 
 :func:`install` makes every wait poll in slices of at most :data:`SLICE` seconds, so a
 missed wake-up costs at most that; ``get_msg`` keeps its contract (a message, or
-``queue.Empty`` once ``timeout`` has passed). The grader installs it (autograder.executor)
-and so does the book's build (book/_ext/kernel_messages.py).
+``queue.Empty`` once ``timeout`` has passed). Whatever runs the course's notebooks installs
+it: the grader's executor and the book's build (book/_ext/kernel_messages.py).
 """
 
 from __future__ import annotations

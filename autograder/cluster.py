@@ -34,6 +34,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+from .rows import Found, GradeRow
 from .workers import KILL_ENV, MAX_ATTEMPTS
 
 _node: dict = {}          # per Ray worker process: its graders and its sandbox id slot
@@ -62,7 +63,6 @@ def _claim_slot() -> int:
 def _node_grader(payload: dict):
     """This process's grader for the caller's solutions and settings (its course tree is
     generated once per assignment and kept for the next tasks)."""
-    from .grade import Grader
     from .runlog import fingerprint
 
     solutions = Path(payload["solutions_dir"])
@@ -72,7 +72,7 @@ def _node_grader(payload: dict):
             raise RuntimeError(f"{socket.gethostname()}: {solutions} is missing or differs from the caller's "
                                f"solutions/; update the course repository on this machine")
         out = Path(tempfile.mkdtemp(prefix="course-ray-grader-"))
-        grader = Grader(solutions, out, payload["settings"])
+        grader = payload["grader_class"](solutions, out, payload["settings"])
         grader._open_tree([])
         grader.tree.worker, grader.tree.threads = _claim_slot(), payload["threads"]
         _node[key] = (grader, set())
@@ -86,8 +86,6 @@ def _node_grader(payload: dict):
 def grade_task(payload: dict) -> dict:
     """Grade one submission on this machine; what the caller needs to record it."""
     from nbgrader.api import Gradebook, MissingEntry
-
-    from .grade import Found
 
     student, assignment, sid = payload["student"], payload["assignment"], payload["sid"]
     if payload["attempt"] == 0 and payload.get("kill") == f"{student}/{assignment}":
@@ -197,11 +195,11 @@ def grade_on_cluster(grader, tasks: list, address: str) -> Iterator[tuple[object
     import ray
     from ray.exceptions import RayTaskError
 
-    from .grade import GradeRow
     from .runlog import fingerprint
 
     settings = dataclasses.replace(grader.settings, seed=grader.tree.api.config.CourseExecute.grading_seed)
     common = {"solutions_dir": str(grader.solutions_dir.resolve()), "settings": settings,
+              "grader_class": type(grader),     # built where the task runs: this module needs no grader
               "solutions_fingerprint": fingerprint(grader.solutions_dir), "threads": 1,
               "kill": os.environ.get(KILL_ENV)}
     ray.init(address=address, logging_level="ERROR", log_to_driver=False, configure_logging=False)

@@ -50,7 +50,6 @@ import os
 import re
 import shutil
 import traceback
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from nbgrader.api import Gradebook, MissingEntry
@@ -64,48 +63,10 @@ from .runlog import (CSV_COLUMNS, OutputLocked, RunLog, code_fingerprint, finger
                      write_atomic)
 from .settings import GradingSettings
 from .submission import inspect_submission, normalize_cells, restore_deleted_cells
+from .rows import Found, GradeRow  # noqa: F401 - Found: part of the API
 from .tamper import REVIEW, scan_file
 
 IGNORED = {".ipynb_checkpoints", "__pycache__", "__MACOSX"}
-
-
-@dataclass
-class GradeRow:
-    """One student's result on one assignment."""
-
-    student: str
-    assignment: str
-    score: float
-    max_score: float
-    status: str = "graded"          # graded | broken | refused | skipped (see the module docstring)
-    notes: list[str] = field(default_factory=list)
-    feedback: list[Path] = field(default_factory=list)
-
-    def csv_row(self) -> dict[str, object]:
-        return {"student": self.student, "assignment": self.assignment,
-                "score": f"{self.score:g}", "max_score": f"{self.max_score:g}",
-                "status": self.status, "notes": "; ".join(self.notes)}
-
-    @classmethod
-    def from_csv(cls, row: dict) -> "GradeRow":
-        return cls(row["student"], row["assignment"], float(row["score"]), float(row["max_score"]),
-                   row["status"], [row["notes"]] if row["notes"] else [])
-
-
-@dataclass
-class Found:
-    """An entry of the submissions folder: a submission to grade, or a row to report as is."""
-
-    student: str
-    assignment: str
-    folder: Path | None = None
-    status: str = ""                # "" to grade; else skipped | refused
-    reason: str = ""
-
-    @property
-    def key(self) -> tuple[str, str]:
-        """The row's key in this run and the next (a non-UTF-8 name as grades.csv stores it)."""
-        return row_key(self.student, self.assignment)
 
 
 def _is_dir(path: Path) -> bool:

@@ -30,6 +30,8 @@ from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 
+from .rows import GradeRow
+
 MAX_ATTEMPTS = 3
 RUNNING_DIR = ".grading-workers"     # in --out: which submission each live worker holds
 # Testing hook: a worker kills itself (SIGKILL) the first time it starts this
@@ -70,7 +72,7 @@ def threads_per_worker(workers: int) -> int:
     return threads_from_environment() or max(1, cores() // max(1, workers))
 
 
-def _start_worker(solutions_dir: Path, out: Path, settings, numbers, threads: int) -> None:
+def _start_worker(make_grader, solutions_dir: Path, out: Path, settings, numbers, threads: int) -> None:
     """A worker's start: what every submission needs imported and set up. It runs while the
     main process still generates the course tree, which the first task then opens."""
     from .coursetree import thread_environment
@@ -79,10 +81,8 @@ def _start_worker(solutions_dir: Path, out: Path, settings, numbers, threads: in
     import torch
 
     torch.set_num_threads(threads)
-    from .grade import Grader
-
     global _grader, _running, _number, _threads
-    _grader = Grader(solutions_dir, out, settings)
+    _grader = make_grader(solutions_dir, out, settings)
     _number, _threads = numbers.get(), threads
     _running = Path(out) / RUNNING_DIR
     _running.mkdir(exist_ok=True)
@@ -123,7 +123,7 @@ def start_pool(grader, workers: int, count: int) -> ProcessPoolExecutor:
         numbers.put(number)
     size = max(1, min(workers, count))
     pool = ProcessPoolExecutor(max_workers=size, mp_context=context, initializer=_start_worker,
-                               initargs=(grader.solutions_dir, grader.out, grader.settings, numbers,
+                               initargs=(type(grader), grader.solutions_dir, grader.out, grader.settings, numbers,
                                          threads_per_worker(workers)))
     for _ in range(size):       # a pool starts its processes for tasks: give it one each now
         pool.submit(_ready)
@@ -138,7 +138,6 @@ def grade_in_parallel(grader, tasks: list, workers: int,
                       pool: ProcessPoolExecutor | None = None) -> Iterator[tuple[object, object]]:
     """Yield ``(found, row)`` for each ``(found, sid)`` of ``tasks`` as workers finish them
     (in ``pool`` if one was started early; a fresh pool after a worker died)."""
-    from .grade import GradeRow
 
     attempts: dict[tuple[str, str], int] = {}
     queue = list(tasks)

@@ -133,17 +133,19 @@ class CourseTree:
     """One nbgrader course folder at ``root``, with the assignments of ``solutions_dir``.
 
     ``worker`` (a parallel worker's number) and ``threads`` (CPU threads per kernel) are set
-    by :mod:`autograder.workers`; a single grader leaves both None.
+    by :mod:`autograder.workers`; a single grader leaves both None. ``grading=False`` is a tree
+    that only generates the exercises: it runs no student code, so it needs no sandbox.
     """
 
     def __init__(self, root: Path, solutions_dir: Path, settings: GradingSettings,
-                 worker: int | None = None, threads: int | None = None):
+                 worker: int | None = None, threads: int | None = None, grading: bool = True):
         self.root = Path(root)
         self.solutions_dir = Path(solutions_dir)
         self.settings = settings
         self.worker, self.threads = worker, threads
         settings.apply_to_environment()
-        if not settings.unsandboxed and not available():
+        sandboxed = grading and not settings.unsandboxed
+        if sandboxed and not available():
             raise SandboxUnavailable(
                 f"cannot grade in a sandbox: {explain_unavailable()}. To grade without one (your own "
                 "notebooks, never students'), pass --unsandboxed.")
@@ -151,7 +153,7 @@ class CourseTree:
         self.root.mkdir(parents=True, exist_ok=True)
         write_config_file(self.root)
         config.CourseExecute.grading_seed = self.grading_seed()
-        if not settings.unsandboxed:
+        if sandboxed:
             config.CourseExecute.sandbox_factory = self.new_sandbox
         self.api = NbGraderAPI(coursedir=CourseDirectory(config=config), config=config)
         # nbgrader logs every copied file at INFO; keep our own output readable.

@@ -20,7 +20,7 @@ def generate_exercises(solutions_dir: Path, exercises_dir: Path) -> list[str]:
     """
     exercises_dir = Path(exercises_dir)
     with tempfile.TemporaryDirectory(prefix="course-generate-") as tmp:
-        tree = CourseTree(Path(tmp), solutions_dir, GradingSettings.from_env())
+        tree = CourseTree(Path(tmp), solutions_dir, GradingSettings.from_env(), grading=False)
         assignments = tree.assignments()
         exercises_dir.mkdir(parents=True, exist_ok=True)
         for stale in exercises_dir.iterdir():

@@ -12,9 +12,11 @@ def _tree(folder):
     return {p.relative_to(folder).as_posix(): p for p in sorted(folder.rglob("*")) if p.is_file()}
 
 
-def test_exercises_match_a_fresh_generation(tmp_path):
-    generate_exercises(ROOT / "solutions", tmp_path)
-    committed, fresh = _tree(ROOT / "exercises"), _tree(tmp_path)
+def test_exercises_match_a_fresh_generation(tmp_path, monkeypatch):
+    """Generated with no program on PATH (no bubblewrap): generating runs no student code."""
+    monkeypatch.setenv("PATH", str(tmp_path / "no-programs"))
+    generate_exercises(ROOT / "solutions", tmp_path / "exercises")
+    committed, fresh = _tree(ROOT / "exercises"), _tree(tmp_path / "exercises")
     assert sorted(committed) == sorted(fresh), "run `make exercises` and commit exercises/"
     for name, path in fresh.items():
         if name.endswith(".ipynb"):

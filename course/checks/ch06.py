@@ -45,17 +45,12 @@ def _under_two_global_seeds(d, run) -> list:  # vocabulary?
 
 
 def _penalise(logits: torch.Tensor, prev: torch.Tensor | None, r: float, mode: str = "ok") -> torch.Tensor:
+    """Each seen token's positive logit divided by r, a negative one multiplied (the bugs: "divide" every
+    one, or penalise "per_occurrence")."""
     out = logits.clone()
-    if prev is None or r == 1.0:
-        return out
-    for b in range(out.shape[0]):
-        tokens = prev[b].tolist()
-        for t in (tokens if mode == "per_occurrence" else sorted(set(tokens))):
-            v = out[b, t]
-            if mode == "divide":
-                out[b, t] = v / r
-            else:
-                out[b, t] = v / r if v > 0 else v * r
+    for b in range(out.shape[0] if prev is not None and r != 1.0 else 0):
+        for t in (prev[b].tolist() if mode == "per_occurrence" else sorted(set(prev[b].tolist()))):
+            out[b, t] = out[b, t] / r if out[b, t] > 0 or mode == "divide" else out[b, t] * r
     return out
 
 
@@ -75,13 +70,10 @@ def _mass_before(x: torch.Tensor) -> torch.Tensor:
 
 
 def _top_p_keep(x: torch.Tensor, p: float | None, inclusive: bool = False) -> torch.Tensor:
-    if p is None:
-        return torch.isfinite(x)
     before = _mass_before(x)
-    if inclusive:   # the bug: drop the token that crosses p (keep only cumsum <= p, but the best stays)
-        keep = before + torch.softmax(x.double(), dim=-1) <= p
-        return (keep | (before == 0)) & torch.isfinite(x)
-    return (before < p) & torch.isfinite(x)
+    if p is not None and inclusive:   # the bug: drop the token that crosses p (but the best stays)
+        return ((before + torch.softmax(x.double(), dim=-1) <= p) | (before == 0)) & torch.isfinite(x)
+    return (before < (p if p is not None else math.inf)) & torch.isfinite(x)
 
 
 def _process(logits, temperature=1.0, top_k=None, top_p=None, penalty=1.0, prev=None, variant="ok"):
@@ -101,16 +93,13 @@ def _process(logits, temperature=1.0, top_k=None, top_p=None, penalty=1.0, prev=
 
 def _sampler_case(d) -> dict:
     B, V = d.rng.randrange(1, 5), d.rng.randrange(2, 60)
-    case = dict(logits=d.randn(B, V) * d.rng.choice([0.5, 2.0, 6.0]),
-                temperature=d.rng.choice([0.3, 0.7, 1.0, 1.6, 3.0]))
+    case = dict(logits=d.randn(B, V) * d.rng.choice([0.5, 2.0, 6.0]), temperature=d.rng.choice([0.3, 0.7, 1.0, 1.6, 3.0]))
     prev = d.randint(0, V, (B, d.rng.randrange(1, 12)))
     if d.rng.random() < 0.7:
         case["top_k"] = d.rng.randrange(1, V + 2)
     if d.rng.random() < 0.7:
         case["top_p"] = d.rng.choice([0.05, 0.3, 0.5, 0.75, 0.9, 0.97, 1.0])
-    if d.rng.random() < 0.6:
-        case.update(repetition_penalty=d.rng.choice([1.1, 1.3, 2.0]), prev_tokens=prev)
-    return case
+    return case | (dict(repetition_penalty=d.rng.choice([1.1, 1.3, 2.0]), prev_tokens=prev) if d.rng.random() < 0.6 else {})
 
 
 def _sampler_cases(d) -> list[dict]:
@@ -166,9 +155,9 @@ def _compare_processed(got: torch.Tensor, case: dict) -> None:
     """The answer's processed logits (B, V) against the oracle's: first which tokens it kept, then their
     log-probabilities among the kept ones (top-p only removes tokens: the kept keep their values)."""
     logits, t, top_k, top_p = case["logits"], case.get("temperature", 1.0), case.get("top_k"), case.get("top_p")
-    penalty, prev = case.get("repetition_penalty", 1.0), case.get("prev_tokens")
-    want = _process(logits, t, top_k, top_p, penalty, prev)
-    before = _top_k(_penalise(logits.double(), prev, penalty) / t, top_k)          # (B, V): what top-p sees
+    args = (t, top_k, top_p, case.get("repetition_penalty", 1.0), case.get("prev_tokens"))
+    want = _process(logits, *args)
+    before = _top_k(_penalise(logits.double(), args[4], args[3]) / t, top_k)    # (B, V): what top-p sees
     unsure = (_mass_before(before) - top_p).abs() < 1e-6 if top_p is not None else torch.zeros_like(want).bool()
     keep, want_keep = got.isfinite(), want.isfinite()
 
@@ -179,11 +168,9 @@ def _compare_processed(got: torch.Tensor, case: dict) -> None:
         return torch.log_softmax(x.double().masked_fill(~keep, -math.inf), -1).masked_fill(~keep, 0)
 
     def variants(view):
-        return [(lambda v=v: view(_process(logits, t, top_k, top_p, penalty, prev, variant=v)), text)
-                for v, text in _SAMPLER_VARIANTS]
+        return [(lambda v=v: view(_process(logits, *args, variant=v)), text) for v, text in _SAMPLER_VARIANTS]
 
-    label = _label(case)
-    compare(kept(got), kept(want), f"{label} kept the wrong tokens (1: kept, 0: removed)", _ORDER, variants=[
+    compare(kept(got), kept(want), f"{_label(case)} kept the wrong tokens (1: kept, 0: removed)", _ORDER, variants=[
         *variants(kept),
         (when(lambda _: top_k is not None and bool((keep.sum(-1) == min(top_k, keep.shape[-1])).all())
               and bool((keep <= want_keep).all()) and bool((want_keep.sum(-1) > top_k).any())),
@@ -193,7 +180,7 @@ def _compare_processed(got: torch.Tensor, case: dict) -> None:
               and bool((keep >= want_keep).all())),
          "these logits reach e^80 and beyond: exp() overflows to inf, inf / inf is NaN, and a NaN probability is "
          "never removed by top-p. Subtract each row's maximum before exp (torch.softmax does).")])
-    compare(logp(got), logp(before), f"{label} kept the right tokens with the wrong log-probabilities", _ORDER,
+    compare(logp(got), logp(before), f"{_label(case)} kept the right tokens with the wrong log-probabilities", _ORDER,
             variants=[*variants(logp), (when(lambda _: t != 1 and matches(logp(got * t), logp(want), _F32)),
                                         "divide the logits by the temperature (a low temperature sharpens the "
                                         "distribution).")], tol=_F32)
@@ -203,8 +190,8 @@ def _compare_processed(got: torch.Tensor, case: dict) -> None:
 def check_process_logits(process_logits, hidden: bool = False) -> None:
     for case in _sampler_cases(draw("sampler", hidden)):
         logits, label = case["logits"], _label(case)
-        given = logits.clone()
-        got = call(process_logits, given, **{k: v for k, v in case.items() if k != "logits"}, name="process_logits")
+        got = call(process_logits, given := logits.clone(), **{k: v for k, v in case.items() if k != "logits"},
+                   name="process_logits")
         expect_tensor(got, tuple(logits.shape), label)
         expect(torch.equal(given, logits), "process_logits changed the logits it was given.",
                "work on a copy (logits.clone()) or with out-of-place operations; the caller may reuse them.")
@@ -248,11 +235,10 @@ def _check_draws(sample_next_token, process_logits, case: dict, d) -> None:
            "draw with the generator you are given: torch.multinomial(probs, 1, generator=generator); the global "
            "RNG (torch.manual_seed) must not matter.")
     x = call(process_logits, drawn.clone(), **kwargs, name="process_logits").detach().float()
-    want = torch.multinomial(torch.softmax(x, -1), 1, generator=d.sub("g").gen).squeeze(-1)
-    shown = ", ".join(f"{k}={v}" for k, v in kwargs.items() if k != "prev_tokens")
-    compare(first, want, f"sample_next_token with {shown}: the tokens drawn with a generator of the same seed",
-            "one draw per row: probs = softmax(process_logits(...)), then "
-            "torch.multinomial(probs, 1, generator=generator).squeeze(-1).",
+    compare(first, torch.multinomial(torch.softmax(x, -1), 1, generator=d.sub("g").gen).squeeze(-1),
+            f"sample_next_token with {', '.join(f'{k}={v}' for k, v in kwargs.items() if k != 'prev_tokens')}: the "
+            "tokens drawn with a generator of the same seed", "one draw per row: probs = softmax(process_logits(...)), "
+            "then torch.multinomial(probs, 1, generator=generator).squeeze(-1).",
             variants=[(when(lambda got: not x.isfinite().gather(-1, got.clamp(0, x.shape[-1] - 1)[:, None]).all()),
                        "a token that process_logits removed was sampled: sample from softmax of the processed "
                        "logits.")])
@@ -269,9 +255,8 @@ def _check_greedy(sample_next_token, d) -> None:
         cases.append((d.randn(d.rng.randrange(1, 5), V) * 5, d.randint(0, V, (1, 1)), 1.2))
     for logits, prev, penalty in cases:
         prev = None if prev is None else prev.expand(logits.shape[0], -1)
-        got = call(sample_next_token, logits.clone(), None, temperature=0.0, repetition_penalty=penalty,
-                   prev_tokens=prev, name="sample_next_token")
-        compare(got, _penalise(logits.double(), prev, penalty).argmax(-1),
+        compare(call(sample_next_token, logits.clone(), None, temperature=0.0, repetition_penalty=penalty,
+                     prev_tokens=prev, name="sample_next_token"), _penalise(logits.double(), prev, penalty).argmax(-1),
                 f"sample_next_token(..., temperature=0.0, repetition_penalty={penalty}): the greedy tokens",
                 "with temperature 0 return the argmax of the (penalised) logits, without drawing at random.",
                 variants=[(logits.argmax(-1), "apply the repetition penalty before the argmax too: greedy decoding "
@@ -326,18 +311,17 @@ def _cached_case(d) -> tuple:
 
 
 def _weights(module, d_model, n_heads, n_kv_heads) -> list[torch.Tensor]:
-    d_head = d_model // n_heads
-    shapes = {"q_proj": (d_model, d_model), "k_proj": (n_kv_heads * d_head, d_model),
-              "v_proj": (n_kv_heads * d_head, d_model), "out_proj": (d_model, d_model)}
+    kv = n_kv_heads * (d_model // n_heads)
     out = []
-    for name, shape in shapes.items():
+    for name, shape in {"q_proj": (d_model, d_model), "k_proj": (kv, d_model), "v_proj": (kv, d_model),
+                        "out_proj": (d_model, d_model)}.items():
         layer = getattr(module, name, None)
         expect(isinstance(layer, nn.Linear), f"CachedSelfAttention needs an nn.Linear attribute `{name}`.",
                f"create self.{name} = nn.Linear(..., bias=False) in __init__ with exactly this name.")
-        w = layer.weight.detach()
-        expect(tuple(w.shape) == shape, f"{name}.weight has shape {tuple(w.shape)}, expected {shape}.",
-               "q_proj and out_proj are (d_model, d_model); k_proj and v_proj produce n_kv_heads * d_head features.")
-        out.append(w)
+        expect(tuple(layer.weight.shape) == shape, f"{name}.weight has shape {tuple(layer.weight.shape)}, expected "
+               f"{shape}.", "q_proj and out_proj are (d_model, d_model); k_proj and v_proj produce n_kv_heads * "
+               "d_head features.")
+        out.append(layer.weight.detach())
     return out
 
 
@@ -369,59 +353,50 @@ def check_cached_attention(CachedSelfAttention, hidden: bool = False) -> None:
         with d.sub(f"init{i}").seeded():
             module = call(CachedSelfAttention, d_model, n_heads, n_kv_heads, rope_base=base,
                           name="CachedSelfAttention(...)")
-        heads = (_weights(module, d_model, n_heads, n_kv_heads), n_heads, n_kv_heads, base)
-        x = d.randn(B, sum(chunks), d_model)
+        heads = (weights := _weights(module, d_model, n_heads, n_kv_heads), n_heads, n_kv_heads, base)
+        x = d.randn(B, T := sum(chunks), d_model)
+        want = (*_attend64(x, *heads, torch.arange(T), _causal(T, T)),          # out, k, v; and k before RoPE
+                (x.double() @ weights[1].double().T).view(B, T, n_kv_heads, -1).transpose(1, 2))
         tag = f"CachedSelfAttention(d_model={d_model}, n_heads={n_heads}, n_kv_heads={n_kv_heads})"
-        want = _check_uncached(module, x, heads, tag)
-        _check_chunks(module, x, chunks, heads, want, tag)
+        for run in ([T], chunks):   # the whole sequence (the uncached model); a prefill, then a chunk at a time
+            cache, start = None, 0
+            for n in run:
+                cache, start = _check_step(module, x, start, n, cache, heads, want, tag), start + n
 
 
-def _check_uncached(module, x: torch.Tensor, heads: tuple, tag: str) -> tuple:
-    """The whole sequence at once, no cache: the uncached model. Returns the oracle's (out, k, v, unrotated k)."""
-    weights, n_heads, n_kv_heads, _ = heads
-    B, T, _ = x.shape
-    result = call(module, x.clone(), name=f"{tag}.forward")
+def _check_step(module, x: torch.Tensor, start: int, n: int, cache, heads: tuple, want: tuple, tag: str):
+    """Tokens start..start + n - 1 of x (B, T, d) after the answer's cache of the first ``start``: the uncached
+    model's outputs at those positions, and a cache of every token so far. Returns the answer's new cache."""
+    out, k, v, unrotated = want
+    n_heads, n_kv_heads, T_k, here = heads[1], heads[2], start + n, start + torch.arange(n)
+    step = f"{tag} on tokens {start}..{T_k - 1} with {start} cached"
+    result = call(module, x[:, start:T_k].clone(), cache, name=f"{tag}.forward")
     expect(isinstance(result, (tuple, list)) and len(result) == 2,
            f"{tag}.forward should return (out, (k, v)).", "return the output and the new cache as a pair.")
-    out, k, v = _attend64(x, *heads, torch.arange(T), _causal(T, T))
-    compare(result[0], out, f"{tag} without a cache, against causal attention over the whole sequence",
-            "without a cache this is causal grouped-query attention with RoPE at positions 0..T-1: check the "
-            "head split, apply_rope on q and k, the causal mask and the 1/sqrt(d_head) scale.", variants=[
-                (lambda: _attend64(x, *heads, torch.arange(T), _causal(T, T), tile=True)[0]
-                 if n_heads != n_kv_heads and n_kv_heads > 1 else None,
+
+    def attend(positions, allowed, tile=False):     # the oracle with one condition changed
+        return lambda: _attend64(x[:, start:T_k], *heads, positions, allowed, (k[:, :, :start], v[:, :, :start]), tile)[0]
+    compare(result[0], out[:, start:T_k], f"{step}: the output, against the uncached model's at those positions",
+            "with a cache the new tokens must give exactly the outputs of the uncached model at their positions: "
+            "rotate q and k at positions past_len + arange(T), attend to the cached and new keys, and mask so that "
+            "new token i sees keys j <= past_len + i." if start else "without a cache this is causal grouped-query "
+            "attention with RoPE at positions 0..T-1: check the head split, apply_rope on q and k, the causal mask "
+            "and the 1/sqrt(d_head) scale.", variants=[
+                (attend(here, _causal(n, T_k), tile=True) if n_kv_heads not in (1, n_heads) else None,
                  "query head h uses key/value head h // (n_heads // n_kv_heads): use repeat_interleave on the "
-                 "head dimension, not repeat (which tiles the heads in the wrong order).")], tol=_F32)
-    unrotated = (x.double() @ weights[1].double().T).view(B, T, n_kv_heads, -1).transpose(1, 2)
-    _check_cache(result[1], k, v, unrotated, n_heads, f"{tag} without a cache")
-    return out, k, v, unrotated
-
-
-def _check_chunks(module, x: torch.Tensor, chunks: list[int], heads: tuple, want: tuple, tag: str) -> None:
-    """A prefill, then new tokens a chunk at a time, each step with the cache of the last."""
-    out, k, v, unrotated = want
-    cache, start = None, 0
-    for n in chunks:
-        step = f"{tag} on tokens {start}..{start + n - 1} with {start} cached"
-        got, cache = call(module, x[:, start:start + n].clone(), cache, name=f"{tag}.forward")
-
-        def attend(positions, allowed, piece=x[:, start:start + n], past=(k[:, :, :start], v[:, :, :start])):
-            return lambda: _attend64(piece, *heads, positions, allowed, past)[0]
-        compare(got, out[:, start:start + n], f"{step}: the output, against the uncached model's at those positions",
-                "with a cache the new tokens must give exactly the outputs of the uncached model at their "
-                "positions: rotate q and k at positions past_len + arange(T), attend to the cached and new "
-                "keys, and mask so that new token i sees keys j <= past_len + i.", variants=[] if not start else [
-                    (attend(torch.arange(n), _causal(n, start + n)),
-                     "the positions of new tokens must start at the cache length: RoPE for the new tokens uses "
-                     "positions past_len, past_len + 1, ..., not 0, 1, ..."),
-                    (attend(start + torch.arange(n), _causal(n, start + n, 0)),
-                     "the causal mask is aligned top-left: with T_q new queries and T_k keys, query i may see "
-                     "keys j <= i + (T_k - T_q). is_causal=True in F.scaled_dot_product_attention aligns it "
-                     "top-left, which is wrong once keys are cached."),
-                    (attend(start + torch.arange(n), torch.ones(n, start + n, dtype=torch.bool)),
-                     "several new tokens arrived with a cache and were not masked: each new token may see the "
-                     "cache and the new tokens up to itself (j <= past_len + i), not the ones after it.")], tol=_F32)
-        start += n
-        _check_cache(cache, k[:, :, :start], v[:, :, :start], unrotated[:, :, :start], heads[1], step)
+                 "head dimension, not repeat (which tiles the heads in the wrong order)."),
+                (attend(torch.arange(n), _causal(n, T_k)) if start else None,
+                 "the positions of new tokens must start at the cache length: RoPE for the new tokens uses "
+                 "positions past_len, past_len + 1, ..., not 0, 1, ..."),
+                (attend(here, _causal(n, T_k, 0)) if start else None,
+                 "the causal mask is aligned top-left: with T_q new queries and T_k keys, query i may see "
+                 "keys j <= i + (T_k - T_q). is_causal=True in F.scaled_dot_product_attention aligns it "
+                 "top-left, which is wrong once keys are cached."),
+                (attend(here, torch.ones(n, T_k, dtype=torch.bool)) if start else None,
+                 "several new tokens arrived with a cache and were not masked: each new token may see the "
+                 "cache and the new tokens up to itself (j <= past_len + i), not the ones after it.")], tol=_F32)
+    _check_cache(result[1], k[:, :, :T_k], v[:, :, :T_k], unrotated[:, :, :T_k], n_heads, step)
+    return result[1]
 
 # ----------------------------------------------------------------------------- exercise 4: batched generation
 
@@ -443,31 +418,28 @@ class TinyDecoder(nn.Module):
                  base: float = 10000.0, max_positions: int = 64):
         super().__init__()
         self.vocab_size, self.n_heads, self.n_kv_heads, self.base = vocab_size, n_heads, n_kv_heads, base
-        d_head = d_model // n_heads
-        self.embed = nn.Embedding(vocab_size, d_model)
-        self.pos = nn.Embedding(max_positions, d_model)
-        self.attn = nn.ModuleList(nn.ModuleList([nn.Linear(d_model, d_model, bias=False),
-                                                 nn.Linear(d_model, n_kv_heads * d_head, bias=False),
-                                                 nn.Linear(d_model, n_kv_heads * d_head, bias=False),
-                                                 nn.Linear(d_model, d_model, bias=False)]) for _ in range(n_layers))
+        kv_width = n_kv_heads * (d_model // n_heads)
+        self.embed, self.pos = nn.Embedding(vocab_size, d_model), nn.Embedding(max_positions, d_model)
+        self.attn = nn.ModuleList(nn.ModuleList(nn.Linear(d_model, width, bias=False)       # q, k, v, out
+                                                for width in (d_model, kv_width, kv_width, d_model))
+                                  for _ in range(n_layers))
         self.mlp = nn.ModuleList(nn.Sequential(nn.LayerNorm(d_model), nn.Linear(d_model, 2 * d_model), nn.GELU(),
                                                nn.Linear(2 * d_model, d_model)) for _ in range(n_layers))
         self.norms = nn.ModuleList(nn.LayerNorm(d_model) for _ in range(n_layers))
         self.head = nn.Linear(d_model, vocab_size)
-        C, Bm, K = self.MAX_CALLS, self.MAX_BATCH, self.MAX_KEYS
         self.register_buffer("calls", torch.zeros((), dtype=torch.long))
-        self.register_buffer("rec_shape", torch.zeros(C, 3, dtype=torch.long))         # B, T, cached tokens
-        self.register_buffer("rec_ids", torch.zeros(C, Bm, K, dtype=torch.long))
-        self.register_buffer("rec_pos", torch.zeros(C, Bm, K, dtype=torch.long))
-        self.register_buffer("rec_mask", torch.zeros(C, Bm, K, dtype=torch.bool))
+        self.register_buffer("rec_shape", torch.zeros(self.MAX_CALLS, 3, dtype=torch.long))   # B, T, cached tokens
+        # Per call, batch row and token: the id, the position, and the mask (of the key at that index).
+        self.register_buffer("rec", torch.zeros(self.MAX_CALLS, self.MAX_BATCH, self.MAX_KEYS, 3, dtype=torch.long))
 
     def records(self) -> list[dict]:
         """The inputs of the recorded calls: ids, positions (B, T), mask (B, cached + T), cached."""
         out = []
         for c in range(min(int(self.calls), self.MAX_CALLS)):
             B, T, cached = self.rec_shape[c].tolist()
-            out.append({"ids": self.rec_ids[c, :B, :T].clone(), "positions": self.rec_pos[c, :B, :T].clone(),
-                        "mask": self.rec_mask[c, :B, :cached + T].clone(), "cached": cached})
+            rec = self.rec[c, :B]
+            out.append({"ids": rec[:, :T, 0], "positions": rec[:, :T, 1], "mask": rec[:, :cached + T, 2].bool(),
+                        "cached": cached})
         return out
 
     @torch.no_grad()
@@ -475,10 +447,8 @@ class TinyDecoder(nn.Module):
                 attention_mask: torch.Tensor | None = None) -> tuple[torch.Tensor, list]:
         B, T = ids.shape
         past_len = 0 if kv_caches is None else kv_caches[0][0].shape[2]
-        if positions is None:
-            positions = torch.arange(past_len, past_len + T).expand(B, T)
-        if attention_mask is None:
-            attention_mask = torch.ones(B, past_len + T, dtype=torch.bool)
+        positions = torch.arange(past_len, past_len + T).expand(B, T) if positions is None else positions
+        attention_mask = torch.ones(B, past_len + T, dtype=torch.bool) if attention_mask is None else attention_mask
         _core.expect(kv_caches is None or T == 1,
                      f"the model was called with ids of shape {tuple(ids.shape)} after a cache of {past_len} tokens.",
                      "after the prefill, feed only the token each row just chose, shape (B, 1): the cache already "
@@ -491,28 +461,23 @@ class TinyDecoder(nn.Module):
                      f"of shape {tuple(getattr(attention_mask, 'shape', ()))}, expected {(B, past_len + T)}.",
                      "the mask covers every key: the cached tokens and the new ones. Append one True column per "
                      "decode step.")
-        self._record(ids, positions, attention_mask, past_len)
+        c = int(self.calls)
+        self.calls += 1
+        if c < self.MAX_CALLS and B <= self.MAX_BATCH and past_len + T <= self.MAX_KEYS:
+            self.rec_shape[c] = torch.tensor([B, T, past_len])
+            self.rec[c, :B, :T, 0], self.rec[c, :B, :T, 1] = ids.detach().long().cpu(), positions.detach().long().cpu()
+            self.rec[c, :B, :past_len + T, 2] = attention_mask.detach().long().cpu()
         positions = positions.long().clamp(0, self.pos.num_embeddings - 1)
         x = self.embed(ids) + self.pos(positions)
         allowed = _causal(T, past_len + T)[None, None] & attention_mask.bool()[:, None, None, :]   # (B, 1, T, T_k)
         new = []
         for layer, (attn, mlp, norm) in enumerate(zip(self.attn, self.mlp, self.norms)):
-            past = None if kv_caches is None else kv_caches[layer]
             out, k, v = _attend64(norm(x), [m.weight for m in attn], self.n_heads, self.n_kv_heads, self.base,
-                                  positions, allowed, past)
+                                  positions, allowed, None if kv_caches is None else kv_caches[layer])
             x = x + out.to(x.dtype)
             x = x + mlp(x)
             new.append((k.to(x.dtype), v.to(x.dtype)))
         return self.head(x), new
-
-    def _record(self, ids, positions, attention_mask, past_len: int) -> None:
-        c, (B, T) = int(self.calls), ids.shape
-        self.calls += 1
-        if c < self.MAX_CALLS and B <= self.MAX_BATCH and past_len + T <= self.MAX_KEYS:
-            self.rec_shape[c] = torch.tensor([B, T, past_len])
-            self.rec_ids[c, :B, :T] = ids.detach().long().cpu()
-            self.rec_pos[c, :B, :T] = positions.detach().long().cpu()
-            self.rec_mask[c, :B, :past_len + T] = attention_mask.detach().bool().cpu()
 
 
 def _greedy_alone(model: TinyDecoder, prompt: torch.Tensor, n_new: int) -> list[int]:
@@ -526,13 +491,9 @@ def _greedy_alone(model: TinyDecoder, prompt: torch.Tensor, n_new: int) -> list[
 
 def _greedy_margins(model: TinyDecoder, prompt: torch.Tensor, new: list[int]) -> list[bool]:
     """For each new token: is it the argmax (within 1e-4) of the uncached logits that predicted it?"""
-    if not new:
-        return []
     seq = torch.cat((prompt, torch.tensor(new, dtype=torch.long)))[None]
-    logits, _ = model(seq)
-    want = logits[0, len(prompt) - 1:len(prompt) - 1 + len(new)].double()
-    chosen = want.gather(1, torch.tensor(new)[:, None]).squeeze(1)
-    return (chosen >= want.max(-1).values - 1e-4).tolist()
+    want = model(seq)[0][0, len(prompt) - 1:len(prompt) - 1 + len(new)].double()
+    return (want.gather(1, torch.tensor(new, dtype=torch.long)[:, None]).squeeze(1) >= want.max(-1).values - 1e-4).tolist()
 
 
 def _pick_eos(continuations: list[list[int]], vocab_size: int) -> int:
@@ -549,8 +510,7 @@ def _generation_case(d) -> tuple:
     n_heads = n_kv * d.rng.randrange(1, 3)
     cfg = (d.rng.randrange(8, 40), n_heads * 2 * d.rng.randrange(2, 5), d.rng.randrange(1, 3), n_heads, n_kv)
     lengths = [d.rng.randrange(1, 12) for _ in range(d.rng.randrange(2, 5))]
-    if len(set(lengths)) == 1:
-        lengths[0] += 1                                     # unequal lengths: some rows are padded
+    lengths[0] += len(set(lengths)) == 1                       # unequal lengths: some rows are padded
     return cfg, lengths, d.rng.randrange(4, 9)
 
 
@@ -577,18 +537,16 @@ def _check_prefill(rec: dict, prompts: list[torch.Tensor], label: str) -> None:
            f"{label}: the first call fed ids of shape {tuple(rec['ids'].shape)} after a cache of {rec['cached']} "
            f"tokens, expected the padded prompts, ({B}, {T0}), with no cache.",
            "start with kv_caches=None and feed all prompts at once, left-padded to the longest one (the prefill).")
-    ids, mask, pos = rec["ids"], rec["mask"], rec["positions"]
     for b, p in enumerate(prompts):
-        L = len(p)
-        row = f"{label}: the prefill's row {b} (a prompt of {L} tokens, padded to {T0})"
-        compare(ids[b, T0 - L:], p, f"{row}: its last {L} ids, the prompt", "row b of the prefill holds prompt b, "
-                "left-padded.", variants=[(when(lambda _: torch.equal(ids[b, :L], p)),
-                                           "pad on the LEFT: the last column must hold every row's last real token, "
-                                           "since the next token is read from logits[:, -1].")])
-        compare(mask[b], torch.arange(T0) >= T0 - L, f"{row}: its attention_mask (1: a real token, 0: a pad)",
+        row, L = f"{label}: the prefill's row {b} (a prompt of {len(p)} tokens, padded to {T0})", len(p)
+        compare(rec["ids"][b, T0 - L:], p, f"{row}: its last {L} ids, the prompt", "row b of the prefill holds prompt "
+                "b, left-padded.", variants=[(when(lambda _: torch.equal(rec["ids"][b, :L], p)), "pad on the LEFT: "
+                                              "the last column must hold every row's last real token, since the next "
+                                              "token is read from logits[:, -1].")])
+        compare(rec["mask"][b], torch.arange(T0) >= T0 - L, f"{row}: its attention_mask (1: a real token, 0: a pad)",
                 "the mask is True for real tokens and False for pads, so that no token attends to a pad; the "
                 "model adds the causal part itself.")
-        compare(pos[b, T0 - L:], torch.arange(L), f"{row}: the positions of its real tokens",
+        compare(rec["positions"][b, T0 - L:], torch.arange(L), f"{row}: the positions of its real tokens",
                 "each sequence counts its positions from its own first real token: 0, 1, ..., len - 1.", variants=[
                     (torch.arange(T0 - L, T0), "the positions count from the first column of the padded batch; a "
                      "left-padded prompt starts at position 0 at its first real token (cumsum of the mask, minus 1).")])
@@ -625,17 +583,17 @@ def check_generate(generate_batch, hidden: bool = False) -> None:
     for i, (cfg, lengths, n_new) in enumerate(d.cases([((20, 16, 2, 4, 2), [5, 1, 9], 6)], _generation_case, 3)):
         prompts = [d.randint(0, cfg[0], (T,)) for T in lengths]
         dtype = torch.float64 if i == 2 else torch.float32       # a second dtype
-        model, alone, eos_id = _model_that_stops(d.sub(f"model{i}"), cfg, dtype, prompts, n_new)
-        _check_generation(generate_batch, model, prompts, alone, n_new, eos_id)
+        _check_generation(generate_batch, *_model_that_stops(d.sub(f"model{i}"), cfg, dtype, prompts, n_new),
+                          prompts, n_new)
 
 
-def _check_generation(generate_batch, model: TinyDecoder, prompts: list, alone: list, n_new: int, eos_id: int) -> None:
+def _check_generation(generate_batch, model: TinyDecoder, alone: list, eos_id: int, prompts: list, n_new: int) -> None:
     B, pad_id = len(prompts), (eos_id + 1) % model.vocab_size
     label = (f"generate_batch(model, prompts of lengths {[len(p) for p in prompts]}, max_new_tokens={n_new}, "
              f"eos_id={eos_id}, pad_id={pad_id}) with a {str(model.head.weight.dtype).replace('torch.', '')} model")
     model.calls.zero_()
     tokens = call(generate_batch, model, [p.clone() for p in prompts], n_new, eos_id, pad_id, name="generate_batch")
-    n_calls, records = int(model.calls), model.records()
+    n_calls, records = int(model.calls), model.records()     # before the check's own calls below
     expect_tensor(tokens, (B, n_new), f"{label}: the new tokens")
     expect(tokens.dtype == torch.long, f"{label}: the new tokens are {tokens.dtype}, expected torch.long.",
            "token ids are int64, like the prompts: build the output with torch.full(..., dtype=torch.long).")
@@ -646,8 +604,7 @@ def _check_generation(generate_batch, model: TinyDecoder, prompts: list, alone: 
     for b, p in enumerate(prompts):                # each row: greedy up to and including its end token, then pad_id
         row = tokens[b].tolist()
         end = row.index(eos_id) + 1 if eos_id in row else n_new
-        ok = _greedy_margins(model, p, row[:end])
-        s = ok.index(False) if not all(ok) else None
+        s = next((s for s, ok in enumerate(_greedy_margins(model, p, row[:end])) if not ok), None)
         expect(s is None, f"{label}: row {b} (prompt of {len(p)} tokens) got {row}; its token {s} is not the greedy "
                f"choice of the model fed that row alone without padding ({alone[b]} without an end token).",
                "a row is finished once it has produced eos_id: it continues with pad_id only."
@@ -673,30 +630,19 @@ def _markov_step(table: torch.Tensor, bias: torch.Tensor, prefixes: torch.Tensor
 
 
 def _beam_oracle(step_fn, bos, eos, beam_size, max_len, alpha, variant="ok"):
+    """Beam search by its definition, best first: [(tokens after bos, normalised score)]; ``variant`` a known bug."""
     alive, finished = [([bos], 0.0)], []
-    for _ in range(max_len):
+    while alive and len(alive[0][0]) <= max_len:
         logp = step_fn(torch.tensor([t for t, _ in alive])).double()
-        cands = []
-        for i, (toks, score) in enumerate(alive):
-            for v in range(logp.shape[1]):
-                base = 0.0 if variant == "no_parent" else score
-                cands.append((base + logp[i, v].item(), i, v))
-        cands.sort(key=lambda c: -c[0])
-        new_alive = []
-        for score, i, v in cands[:beam_size]:
-            hyp = (alive[i][0] + [v], score)
-            (finished if v == eos and variant != "eos_ignored" else new_alive).append(hyp)
-        alive = new_alive
-        if not alive:
-            break
-    if variant != "drop_alive":
-        finished += alive
-
-    def norm(toks, score):
-        n = len(toks) - (0 if variant == "count_bos" else 1)
-        return score if variant == "no_norm" else score / n ** alpha
-
-    out = [(toks[1:], norm(toks, s)) for toks, s in finished]
+        cands = sorted((((0.0 if variant == "no_parent" else score) + logp[i, v].item(), i, v)
+                        for i, (_, score) in enumerate(alive) for v in range(logp.shape[1])), key=lambda c: -c[0])
+        new = [(alive[i][0] + [v], score) for score, i, v in cands[:beam_size]]
+        ended = [v == eos and variant != "eos_ignored" for _, _, v in cands[:beam_size]]
+        finished += [h for h, e in zip(new, ended) if e]
+        alive = [h for h, e in zip(new, ended) if not e]
+    finished += alive if variant != "drop_alive" else []
+    length = (lambda toks: len(toks)) if variant == "count_bos" else (lambda toks: len(toks) - 1)
+    out = [(toks[1:], s if variant == "no_norm" else s / length(toks) ** alpha) for toks, s in finished]
     return sorted(out, key=lambda h: -h[1])
 
 
@@ -759,18 +705,10 @@ def check_beam_search(beam_search, hidden: bool = False) -> None:
 # ----------------------------------------------------------------------------- exercise 6: int8 weights
 
 
-def _groups(w: torch.Tensor, g: int) -> torch.Tensor:
-    """(out, in) -> (out, in // g, g): consecutive columns in groups of g."""
-    return w.float().reshape(w.shape[0], w.shape[1] // g, g)
-
-
-def _scale_of(amax: torch.Tensor, levels: int = 127) -> torch.Tensor:
-    """The scale of each group from its largest |w|: 1.0 for an all-zero group."""
+def _scale_oracle(w: torch.Tensor, g: int, levels: int = 127) -> torch.Tensor:
+    """(out, in) -> (out, in // g): max |w| over each group of g consecutive columns / levels (1.0 for a zero group)."""
+    amax = w.float().reshape(w.shape[0], -1, g).abs().amax(dim=-1)
     return torch.where(amax > 0, amax / levels, torch.ones_like(amax))
-
-
-def _scale_oracle(w: torch.Tensor, g: int) -> torch.Tensor:
-    return _scale_of(_groups(w, g).abs().amax(dim=-1))                 # (out, in // g)
 
 
 def _expand_scale(scale: torch.Tensor, g: int) -> torch.Tensor:
@@ -796,24 +734,25 @@ def _weight_cases(d) -> list[tuple[torch.Tensor, int]]:
 
 def _scale_variants(w: torch.Tensor, g: int) -> list:
     """The scales the usual mistakes give, with their hints."""
-    amax = _groups(w, g).abs().amax(dim=-1)                                        # (out, n_groups)
-    grouped = amax.shape[1] > 1
-    strided = w.float().reshape(w.shape[0], g, w.shape[1] // g).abs().amax(dim=1)  # (out, n_groups), the wrong groups
+    out, n_groups = w.shape[0], w.shape[1] // g
+    zero = w.float().reshape(out, n_groups, g).abs().amax(dim=-1) == 0                # (out, n_groups)
+    strided = w.float().reshape(out, g, n_groups).transpose(1, 2).reshape(out, -1)    # groups of columns n_groups apart
     return [
-        (when(lambda s: s.dtype != torch.float32 and matches(s, _scale_of(amax), (0, 1e-2))),
+        (when(lambda s: s.dtype != torch.float32 and matches(s, _scale_oracle(w, g), (0, 1e-2))),
          "compute in float32 (w.float()) and return float32 scales, whatever the weight's dtype."),
-        (when(lambda s: s.numel() == 1 and amax.numel() > 1), "use one scale per group of group_size consecutive "
+        (when(lambda s: s.numel() == 1 and out * n_groups > 1), "use one scale per group of group_size consecutive "
          "columns in each row, not one for the whole tensor: an outlier then coarsens only its own group."),
-        (when(lambda s: grouped and s.numel() == w.shape[0] and matches(s.reshape(-1), _scale_of(w.float().abs().amax(1)))),
+        (when(lambda s: n_groups > 1 and s.numel() == out and matches(s.reshape(-1, 1), _scale_oracle(w, w.shape[1]))),
          "one scale per group of group_size consecutive columns, not one per row: the scale has shape "
          "(out, in // group_size)."),
-        (_scale_of(strided) if grouped else None, "a group is group_size CONSECUTIVE columns: reshape to (out, in // "
-         "group_size, group_size) and take the max over the last axis; (out, group_size, in // group_size) mixes "
-         "columns that are in // group_size apart."),
-        (when(lambda s: s.shape == amax.shape and bool(((amax == 0) & (s == 0)).any())), "an all-zero group gave a "
-         "zero scale, so w / scale is 0/0 (NaN): use scale 1.0 where the group's max is 0."),
-        (_scale_of(amax, 128), "divide the max by 127, not 128: int8 goes to +127, and a symmetric range is -127..127."),
-        (_scale_of(amax, 255), "symmetric int8 uses -127..127: scale = max|w| / 127 (255 levels belong to an "
+        (_scale_oracle(strided, g) if n_groups > 1 else None, "a group is group_size CONSECUTIVE columns: reshape to "
+         "(out, in // group_size, group_size) and take the max over the last axis; (out, group_size, in // "
+         "group_size) mixes columns that are in // group_size apart."),
+        (when(lambda s: s.shape == (out, n_groups) and bool((zero & (s == 0)).any())), "an all-zero "
+         "group gave a zero scale, so w / scale is 0/0 (NaN): use scale 1.0 where the group's max is 0."),
+        (_scale_oracle(w, g, 128), "divide the max by 127, not 128: int8 goes to +127, and a symmetric range is "
+         "-127..127."),
+        (_scale_oracle(w, g, 255), "symmetric int8 uses -127..127: scale = max|w| / 127 (255 levels belong to an "
          "asymmetric scheme)."),
     ]
 
@@ -861,17 +800,6 @@ def _linear_case(d) -> tuple:
     return size * d.rng.randrange(1, 6), d.rng.randrange(1, 40), d.rng.random() < 0.5, size
 
 
-def _float_layer(d, d_in: int, d_out: int, bias: bool) -> nn.Linear:
-    with d.seeded():
-        linear = nn.Linear(d_in, d_out, bias=bias)
-    with torch.no_grad():
-        linear.weight[0] *= 30                          # one large row
-        linear.weight[:, 0] *= 10                       # one large input column: it coarsens only group 0
-        if bias:
-            linear.bias.add_(1.0)
-    return linear
-
-
 @_one_thread
 def check_int8_linear(Int8Linear, hidden: bool = False) -> None:
     d = draw("int8_linear", hidden)
@@ -880,14 +808,20 @@ def check_int8_linear(Int8Linear, hidden: bool = False) -> None:
         n = 4 * d.rng.randrange(2, 6)
         cases.append((n, n, True, 4))
     for i, (d_in, d_out, bias, gs) in enumerate(cases):
-        linear = _float_layer(d.sub(f"layer{i}"), d_in, d_out, bias)
+        with d.sub(f"layer{i}").seeded():
+            linear = nn.Linear(d_in, d_out, bias=bias)
+        with torch.no_grad():
+            linear.weight[0] *= 30                      # one large row
+            linear.weight[:, 0] *= 10                   # one large input column: it coarsens only group 0
+            if bias:
+                linear.bias.add_(1.0)
         reference = copy.deepcopy(linear)              # the oracle sees the layer as drawn
         label = f"Int8Linear(nn.Linear({d_in}, {d_out}, bias={bias}), group_size={gs})"
         module = call(Int8Linear, linear, gs, name="Int8Linear(...)")
         q, scale = _check_int8_storage(module, reference, gs, label)
-        w_hat = q.double() * scale.double().repeat_interleave(gs, dim=1)
         for shape in ((3, d_in), (2, 4, d_in)):
-            _check_int8_forward(module, reference, w_hat, d.randn(*shape), gs, label)
+            _check_int8_forward(module, reference, q.double() * scale.double().repeat_interleave(gs, dim=1),
+                                d.randn(*shape), gs, label)
 
 
 def _check_int8_storage(module, reference: nn.Linear, gs: int, label: str) -> tuple[torch.Tensor, torch.Tensor]:
@@ -940,29 +874,19 @@ def _check_int8_forward(module, reference: nn.Linear, w_hat: torch.Tensor, x: to
 
 
 def _params_oracle(c: dict, variant: str = "ok") -> int:
-    V, d, L, h, kv, ff = (c[k] for k in ("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "d_ff"))
-    dh = d // h
-    kv_width = d if variant == "no_gqa" else kv * dh
-    attn = 2 * d * d + 2 * d * kv_width
+    V, d, L, h, kv, ff, tied = (c[k] for k in _CONFIG)
+    attn = 2 * d * d + 2 * d * (d if variant == "no_gqa" else kv * (d // h))
     mlp = (2 if variant == "two_mlp" else 3) * d * ff
-    norms = 0 if variant == "no_norms" else 2 * d
-    total = V * d + L * (attn + mlp + norms) + (0 if variant == "no_norms" else d)
-    tied = c["tie_embeddings"]
-    if variant == "head_flip":
-        tied = not tied
-    return total + (0 if tied else V * d)
+    norm = 0 if variant == "no_norms" else d                  # two per layer and a final one
+    return V * d + L * (attn + mlp + 2 * norm) + norm + (0 if tied != (variant == "head_flip") else V * d)
 
 
-PUBLISHED = {   # parameter totals of released checkpoints
-    "Llama-2-7B": (dict(vocab_size=32000, d_model=4096, n_layers=32, n_heads=32, n_kv_heads=32, d_ff=11008,
-                        tie_embeddings=False), 6_738_415_616),
-    "Llama-3-8B": (dict(vocab_size=128256, d_model=4096, n_layers=32, n_heads=32, n_kv_heads=8, d_ff=14336,
-                        tie_embeddings=False), 8_030_261_248),
-    "Llama-2-70B": (dict(vocab_size=32000, d_model=8192, n_layers=80, n_heads=64, n_kv_heads=8, d_ff=28672,
-                         tie_embeddings=False), 68_976_648_192),
-    "Llama-3.2-1B": (dict(vocab_size=128256, d_model=2048, n_layers=16, n_heads=32, n_kv_heads=8, d_ff=8192,
-                          tie_embeddings=True), 1_235_814_400),
-}
+_CONFIG = ("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "d_ff", "tie_embeddings")
+PUBLISHED = {name: (dict(zip(_CONFIG, config)), total) for name, config, total in [   # released checkpoints' totals
+    ("Llama-2-7B", (32000, 4096, 32, 32, 32, 11008, False), 6_738_415_616),
+    ("Llama-3-8B", (128256, 4096, 32, 32, 8, 14336, False), 8_030_261_248),
+    ("Llama-2-70B", (32000, 8192, 80, 64, 8, 28672, False), 68_976_648_192),
+    ("Llama-3.2-1B", (128256, 2048, 16, 32, 8, 8192, True), 1_235_814_400)]}
 
 _PARAM_HINTS = [
     ("no_gqa", "k_proj and v_proj produce n_kv_heads * d_head features (d_head = d_model // n_heads), not d_model: "
@@ -1116,17 +1040,12 @@ def _chi2_critical(dof: int, p_value: float = 1e-7) -> float:
 def _chi2(counts: torch.Tensor, probs: torch.Tensor) -> tuple[float, int, bool]:
     """Chi-square statistic of counts against probs; dof; whether an impossible token appeared.
     Tokens expected fewer than 5 times are pooled into one bin, as the test's approximation needs."""
-    n = counts.sum().item()
     support = probs > 0
-    impossible = bool((counts[~support] > 0).any())
-    expected = probs[support].double() * n
-    observed = counts[support].double()
-    small = expected < 5
-    if small.any():
+    expected, observed = probs[support].double() * counts.sum().item(), counts[support].double()
+    if (small := expected < 5).any():
         expected = torch.cat((expected[~small], expected[small].sum()[None]))
         observed = torch.cat((observed[~small], observed[small].sum()[None]))
-    stat = ((observed - expected) ** 2 / expected).sum().item()
-    return stat, len(expected) - 1, impossible
+    return ((observed - expected) ** 2 / expected).sum().item(), len(expected) - 1, bool((counts[~support] > 0).any())
 
 
 def _follows(tokens: torch.Tensor, probs: torch.Tensor) -> bool:
@@ -1151,21 +1070,15 @@ def _spec_cases(d) -> list[tuple[torch.Tensor, torch.Tensor, int]]:
     if not d.hidden:
         return [(*_spec_setup(d, 5, 3, 1.0), 6000)]
     cases = [(*_spec_setup(d, d.rng.randrange(3, 8), d.rng.randrange(1, 5), d.rng.choice([0.5, 1.0, 1.5])), 6000)]
-    # Edge cases: zero-probability tokens on each side, a perfect draft, disjoint supports.
     p, q = _spec_setup(d, d.rng.randrange(4, 7), 2, 1.0)
-    p[0, 0] = 0.0                   # the draft likes a token the target never emits
-    q[0, 1] = 0.0                   # the target likes a token the draft never proposes
+    p[0, 0], q[0, 1] = 0.0, 0.0     # the draft likes a token the target never emits, and the other way round
     p, q = p / p.sum(-1, keepdim=True), q / q.sum(-1, keepdim=True)
     q[1] = p[1]                     # a perfect draft at position 1: always accepted
     cases.append((p, q, 5000))
     p, _ = _spec_setup(d, d.rng.randrange(3, 7), 2, 1.0)
     q = F.one_hot(p[:2].argmax(-1), p.shape[1]).float()   # a draft sure of one token: a shared uniform shows at j = 1
-    cases.append((p, q, 5000))
-    p = torch.zeros(2, 4)
-    p[:, :2] = 0.5
-    q = torch.zeros(1, 4)
-    q[:, 2:] = 0.5                  # disjoint: every draft rejected, the residual is the target
-    return cases + [(p, q, 2000)]
+    disjoint = torch.tensor([[0.5, 0.5, 0, 0], [0.5, 0.5, 0, 0]]), torch.tensor([[0, 0, 0.5, 0.5]])   # all rejected
+    return cases + [(p, q, 5000), (*disjoint, 2000)]
 
 
 def _run_spec(speculative_accept, p, q, B, d):
@@ -1216,12 +1129,11 @@ def _check_first_acceptance(p: torch.Tensor, q: torch.Tensor, n: torch.Tensor) -
     if _near(acc, alpha, B, 3 / B):
         return
     inverted = (q[0] * torch.clamp(q[0] / p[0].clamp_min(1e-30), max=1)).sum().item()
-    alphas = torch.minimum(p[:k], q).sum(-1)
-    betas = (q * torch.clamp(q / p[:k].clamp_min(1e-30), max=1)).sum(-1)
+    alphas, betas = torch.minimum(p[:k], q).sum(-1), (q * torch.clamp(q / p[:k].clamp_min(1e-30), max=1)).sum(-1)
     mean_n = n.double().mean().item()
     # Both slips raise the rate at position 0; the mean of n_accepted tells them apart.
-    counts_all = _near(acc, 1 - torch.prod(1 - alphas).item(), B) and not (
-        _near(acc, inverted, B) and abs(mean_n - alphas.sum().item()) >= abs(mean_n - torch.cumprod(betas, 0).sum().item()))
+    counts_all = _near(acc, 1 - torch.prod(1 - alphas).item(), B) and not (_near(acc, inverted, B) and abs(
+        mean_n - alphas.sum().item()) >= abs(mean_n - torch.cumprod(betas, 0).sum().item()))
     fail(f"speculative_accept accepted the first draft token in {acc:.3f} of {B} rows; the rule gives {alpha:.3f} "
          f"(sum of min(p, q)).", diagnose(acc, [
              (when(lambda _: counts_all), "stop at the first rejection: n_accepted counts the draft tokens accepted "

@@ -187,15 +187,19 @@ class CourseTree:
         """A fresh sandbox for one notebook (called by the executor for each kernel)."""
         import tempfile
 
-        from .kernel_view import kernel_course
+        from course.data import heldout
 
-        # The kernel reads the course as kernel_view makes it: no check, oracle or seed in it.
+        from .kernel_view import kernel_course, public_data
+
+        # The kernel reads the course as kernel_view makes it: no check, oracle or seed in it;
+        # and the data without its test splits (the held-out scores are the grader's).
         view = kernel_course()
         limits = Limits(memory_bytes=int(self.settings.memory_gb * (1 << 30)))
         return Sandbox(Path(tempfile.mkdtemp(prefix="course-sandbox-")), view / "course", limits,
                        gpu=self.settings.device.startswith("cuda") or self.settings.device == "auto",
                        env={**self.settings.kernel_environment(), **thread_environment(self.threads),
-                            "PYTHONPATH": str(view)})
+                            "PYTHONPATH": str(view), heldout.ENV: "1"},
+                       replaced=public_data())
 
     @property
     def db_url(self) -> str:

@@ -53,6 +53,15 @@ def __getattr__(name):
 
 
 @functools.cache
+def public_data() -> dict[Path, Path]:
+    """The files that hold the test splits -> what a kernel reads in their place (made once
+    per grading process, beside the course's view): see :mod:`course.data.heldout`."""
+    from course.data.heldout import public_files
+
+    return public_files(kernel_course() / "public-data")
+
+
+@functools.cache
 def kernel_course() -> Path:
     """The folder to put on a sandboxed kernel's ``PYTHONPATH``: it holds ``course/``."""
     import course

@@ -201,6 +201,8 @@ class Sandbox:
     limits: Limits = field(default_factory=Limits)
     gpu: bool = False
     env: dict[str, str] = field(default_factory=dict)
+    # host file -> what the kernel reads at its path instead (the held-out test data)
+    replaced: dict[Path, Path] = field(default_factory=dict)
     uid: int = field(init=False)         # the id the kernel runs under
     _lease: sandbox_ids.IdLease | None = field(init=False, default=None, repr=False)
 
@@ -271,6 +273,8 @@ class Sandbox:
         for d in binds:
             cmd += ["--ro-bind", str(d), str(d)]
         cmd += ["--ro-bind", str(course), str(course)]
+        for hidden, shown in sorted(self.replaced.items()):   # after the folders that hold them
+            cmd += ["--ro-bind", str(shown), str(hidden)]
         return cmd + ["--bind", str(self.io_dir), str(self.io_dir), "--bind", str(self.socket_dir), str(self.socket_dir)]
 
     def environment(self) -> dict[str, str]:

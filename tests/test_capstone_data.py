@@ -157,3 +157,11 @@ def test_the_classifier_has_the_g2p_encoders_shape_wherever_it_starts_from_it():
             classifier = ns["build_classifier"](cls, len(data.SRC_VOCAB), len(data.PATTERNS))
             model = ns["build_g2p"](g2p, len(data.SRC_VOCAB), len(data.TGT_VOCAB))
             ns["load_encoder"](classifier, model)
+
+
+def test_the_character_vocabulary_covers_the_held_out_plays():
+    """It is built without the test plays (a graded kernel cannot read them), yet encodes them."""
+    from course.data.shakespeare import load_shakespeare
+
+    tok = data.char_tokenizer()
+    assert tok.decode(tok.encode(load_shakespeare("test"))) == load_shakespeare("test")

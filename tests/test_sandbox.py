@@ -94,3 +94,52 @@ def test_unsandboxed_grading_is_noted_in_every_row(tmp_path):
     run_grade(tmp_path / "subs", tmp_path / "out", "--unsandboxed", workers=None, timeout=30, profile=None)
     rows = rows_of(tmp_path / "out")
     assert rows and all("without the sandbox" in r["notes"] for r in rows), rows
+
+
+HELD_OUT_PROBE = r"""
+import json
+from course.capstone import data
+from course.data.cmudict import load_pronunciations, split_of
+from course.data.shakespeare import load_shakespeare, plays_dir
+
+found = {}
+for name, load in [("lm", lambda: data.lm_ids("test")), ("g2p", lambda: data.g2p_pairs("test")),
+                   ("classifier", lambda: data.classifier_tensors("test"))]:
+    try:
+        load()
+        found[name] = "read"
+    except PermissionError as err:
+        found[name] = str(err)
+found["test words"] = sum(1 for word in load_pronunciations() if split_of(word) == "test")
+found["macbeth bytes"] = sum(len(p.read_bytes()) for p in plays_dir().glob("*/macbeth.md"))
+found["train plays"] = len(load_shakespeare("train")) > 1_000_000
+found["vocab"] = data.char_tokenizer().vocab_size
+print(json.dumps(found))
+"""
+
+
+@pytest.mark.skipif(not available(), reason="bubblewrap cannot run here")
+def test_a_graded_kernel_cannot_read_the_test_splits(tmp_path):
+    """The capstone's held-out data, as the grader's sandbox shows it: the loaders refuse the
+    test split with a clear message, the test plays' files are empty and the dictionary
+    lacks the test words, so no route reads them; train and validation are all there."""
+    import json
+
+    from autograder.kernel_view import kernel_course, public_data
+    from course.capstone import data
+    from course.data.heldout import ENV
+
+    view = kernel_course()
+    sandbox = Sandbox(tmp_path / "sb", view / "course", env={"COURSE_DEVICE": "cpu", "PYTHONPATH": str(view),
+                                                             ENV: "1"}, replaced=public_data())
+    try:
+        done = subprocess.run(sandbox.prefix() + [sys.executable, "-c", HELD_OUT_PROBE], capture_output=True,
+                              text=True, timeout=300)
+    finally:
+        sandbox.cleanup()
+    assert done.returncode == 0, done.stderr[-2000:]
+    found = json.loads(done.stdout.strip().splitlines()[-1])
+    for name in ("lm", "g2p", "classifier"):
+        assert "the test split is held out while grading" in found[name], found
+    assert found["test words"] == 0 and found["macbeth bytes"] == 0, found
+    assert found["train plays"] and found["vocab"] == data.char_tokenizer().vocab_size, found

@@ -17,6 +17,8 @@ import re
 from functools import lru_cache
 from pathlib import Path
 
+from .heldout import refuse
+
 _WORD = re.compile(r"^[a-z][a-z']{1,15}$")
 _ALTERNATIVE = re.compile(r"\(\d+\)$")          # "read(2)": the word's second pronunciation
 Pronunciation = tuple[str, ...]
@@ -85,6 +87,8 @@ def load_g2p(split: str) -> dict[str, tuple[Pronunciation, ...]]:
     """The words of one split (``train``, ``validation``, ``test``) with all their pronunciations."""
     if split not in ("train", "validation", "test"):
         raise ValueError(f"split must be train, validation or test, not {split!r}")
+    if split == "test":
+        refuse("load_g2p('test')")
     return {w: p for w, p in load_pronunciations().items() if split_of(w) == split}
 
 

@@ -76,6 +76,7 @@ def doubt_kernel_rules(notes: list[str]) -> Iterator[None]:
 
 
 _RULES = {"course.checks._core:forbid_names": "a built-in it forbids",
+          "course.checks._core:Unmeasured": "no tensor operation in a prediction",
           "course.checks._recorders:LargestTensor": "a record of the largest tensor your code makes"}
 
 

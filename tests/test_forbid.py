@@ -141,3 +141,41 @@ def test_code_that_can_switch_rules_off_fails_the_tests_that_rely_on_one(judge):
     assert "(a built-in it forbids)" in message and "imports torch.utils._python_dispatch" in message
     assert "\nLikely mistake: ex4_answer line 2 imports" in message
     assert judge(CALL_EMBEDDING.format(name="by_hand")).strip() == "[0.0, 6.0, 0.0, 0.0, 3.0]"   # after the block
+
+
+PREDICTIONS = textwrap.dedent('''
+    import math
+    import torch
+
+    def predicted_bytes(layers, heads, head_dim, tokens, bytes_per_number):
+        return 2 * layers * heads * head_dim * tokens * bytes_per_number
+
+    def measured_bytes(layers, heads, head_dim, tokens, bytes_per_number):
+        cache = [torch.zeros(2, heads, tokens, head_dim) for _ in range(layers)]
+        return sum(t.numel() for t in cache) * bytes_per_number
+
+    def swallowed_measurement(layers, heads, head_dim, tokens, bytes_per_number):
+        try:
+            return measured_bytes(layers, heads, head_dim, tokens, bytes_per_number)
+        except Exception:
+            return predicted_bytes(layers, heads, head_dim, tokens, bytes_per_number)
+''')
+
+
+@pytest.mark.parametrize("name, passes", [("predicted_bytes", True), ("measured_bytes", False),
+                                          ("swallowed_measurement", False)])
+def test_a_prediction_runs_no_tensor_operation(tmp_path, name, passes):
+    namespace: dict = {}
+    exec(compile(PREDICTIONS, "<answers>", "exec"), namespace)
+    channel = local_channel(namespace, tmp_path)
+    cell = f"""
+        from course.checks._core import unmeasured
+        with unmeasured("{name}"):
+            print({name}(2, 4, 8, 16, 2))
+    """
+    if passes:
+        assert run_judged(textwrap.dedent(cell), channel, "import torch", tmp_path).strip() == "4096"
+        return
+    with pytest.raises(CheckFailed) as failure:
+        run_judged(textwrap.dedent(cell), channel, "import torch", tmp_path)
+    assert "it is a prediction" in str(failure.value) and "torch's zeros operator" in str(failure.value)

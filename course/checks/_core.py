@@ -352,7 +352,7 @@ class Forbidden:
         for owner, attr in self.targets:
             self._saved.append((owner, attr, getattr(owner, attr)))
             setattr(owner, attr, self._blocked(f"{getattr(owner, '__name__', owner)}.{attr}"))
-        if self.operators or self.backward:
+        if self.operators or self.backward or getattr(self, "every_operator", False):
             self._mode = ForbiddenOperators(self)
             self._mode.__enter__()
         return self
@@ -380,6 +380,33 @@ class Forbidden:
         if isinstance(used, str) and used:
             self.used = used[:300]
             raise ShortcutUsed(self.message(self.used))
+
+
+@contextlib.contextmanager
+def unmeasured(prediction: str) -> Iterator[None]:
+    """Within the block, the student's code may run no tensor operation at all: ``prediction``
+    (``"predicted_kv_cache_bytes"``) is to be computed from the configuration by arithmetic,
+    not read off a measurement (a model run, the student's own functions applied to data).
+    Set up in the kernel too, around every call, like :func:`forbid`."""
+    from .. import probe
+
+    here = Unmeasured(prediction)
+    with probe.kernel_context("course.checks._core:Unmeasured", prediction, owner=here):
+        with here:
+            yield
+
+
+class Unmeasured(Forbidden):
+    """:func:`unmeasured`'s context: every operator at torch's dispatcher stops the call."""
+
+    def __init__(self, prediction: str) -> None:
+        super().__init__([], prediction)
+        self.every_operator = True
+
+    def message(self, label: str) -> str:
+        return (f"{self.exercise} ran {label}, but it is a prediction: it is computed from the configuration, "
+                f"not measured.\nLikely mistake: measuring instead of predicting ({label}); derive the number "
+                f"from the sizes it is given with plain arithmetic (math, not tensors), as the exercise asks.")
 
 
 def one_thread(check: Callable) -> Callable:

@@ -65,6 +65,8 @@ class ForbiddenOperators(TorchDispatchMode):
         from .. import probe
 
         name = func.overloadpacket.__name__
+        if getattr(self.block, "every_operator", False):
+            self.block.stop(f"a tensor operation (torch's {name} operator)")
         label = self.block.operators.get(name)
         if label is not None:
             self.block.stop(f"{label} (reached as torch's {name} operator)")

@@ -93,13 +93,16 @@ def _process(logits, temperature=1.0, top_k=None, top_p=None, penalty=1.0, prev=
 
 def _sampler_case(d) -> dict:
     B, V = d.rng.randrange(1, 5), d.rng.randrange(2, 60)
-    case = dict(logits=d.randn(B, V) * d.rng.choice([0.5, 2.0, 6.0]), temperature=d.rng.choice([0.3, 0.7, 1.0, 1.6, 3.0]))
+    case = dict(logits=d.randn(B, V) * d.rng.choice([0.5, 2.0, 6.0]),
+                temperature=d.rng.choice([0.3, 0.7, 1.0, 1.6, 3.0]))
     prev = d.randint(0, V, (B, d.rng.randrange(1, 12)))
     if d.rng.random() < 0.7:
         case["top_k"] = d.rng.randrange(1, V + 2)
     if d.rng.random() < 0.7:
         case["top_p"] = d.rng.choice([0.05, 0.3, 0.5, 0.75, 0.9, 0.97, 1.0])
-    return case | (dict(repetition_penalty=d.rng.choice([1.1, 1.3, 2.0]), prev_tokens=prev) if d.rng.random() < 0.6 else {})
+    if d.rng.random() < 0.6:
+        case.update(repetition_penalty=d.rng.choice([1.1, 1.3, 2.0]), prev_tokens=prev)
+    return case
 
 
 def _sampler_cases(d) -> list[dict]:
@@ -110,7 +113,8 @@ def _sampler_cases(d) -> list[dict]:
     ties = torch.tensor([[2.0, 1.0, 1.0, 1.0, 0.0, -1.0], [0.5, 0.5, 0.5, 0.5, 0.5, 0.5]])
     cases = d.cases([dict(logits=base, temperature=1.0), dict(logits=base, temperature=0.7, top_k=5),
                      dict(logits=base, temperature=1.0, top_p=0.8), dict(logits=base, temperature=2.5, top_p=0.6),
-                     dict(logits=base, temperature=0.5, top_p=0.7), dict(logits=base, temperature=1.0, top_k=6, top_p=0.5),
+                     dict(logits=base, temperature=0.5, top_p=0.7),
+                     dict(logits=base, temperature=1.0, top_k=6, top_p=0.5),
                      dict(logits=base, temperature=1.0, repetition_penalty=1.5, prev_tokens=prev),
                      dict(logits=base, temperature=0.8, top_k=7, top_p=0.9, repetition_penalty=1.3, prev_tokens=prev),
                      dict(logits=ties, temperature=1.0, top_k=2),        # the k-th logit ties: every tied token stays
@@ -303,13 +307,6 @@ def _attend64(x, weights, n_heads, n_kv_heads, base, positions, allowed, past=No
     return (probs @ rep(v)).transpose(1, 2).reshape(B, T, d) @ wo.T, k, v
 
 
-def _cached_case(d) -> tuple:
-    n_kv = d.rng.randrange(1, 4)
-    n_heads = n_kv * d.rng.randrange(1, 4)
-    chunks = [d.rng.randrange(1, 8)] + [d.rng.randrange(1, 4) for _ in range(d.rng.randrange(2, 5))]
-    return n_heads * 2 * d.rng.randrange(1, 5), n_heads, n_kv, d.rng.choice([100.0, 10000.0]), d.rng.randrange(1, 4), chunks
-
-
 def _weights(module, d_model, n_heads, n_kv_heads) -> list[torch.Tensor]:
     kv = n_kv_heads * (d_model // n_heads)
     out = []
@@ -325,30 +322,21 @@ def _weights(module, d_model, n_heads, n_kv_heads) -> list[torch.Tensor]:
     return out
 
 
-def _check_cache(cache, want_k, want_v, unrotated_k, n_heads: int, label: str) -> None:
-    expect(isinstance(cache, (tuple, list)) and len(cache) == 2,
-           f"{label} should return (out, (k, v)); the cache was {type(cache).__name__}.",
-           "return the concatenated keys and values as a tuple (k, v).")
-    B, n_kv_heads, T, d_head = want_k.shape
-    compare(cache[0], want_k, f"{label}: the cached keys",
-            "the cache holds the keys of every position so far, concatenated along time (dim=2).", variants=[
-                (when(lambda k: n_heads != n_kv_heads and tuple(k.shape) == (B, n_heads, T, d_head)),
-                 "cache the n_kv_heads keys and values before repeating them for the query heads: storing "
-                 "(B, n_kv_heads, T, d_head) is the memory saving of grouped-query attention."),
-                (unrotated_k, "cache the keys after RoPE: a cached key keeps the rotation of its own position, so "
-                              "old keys never need rotating again.")], tol=_F32)
-    compare(cache[1], want_v, f"{label}: the cached values",
-            "cache the values of every position so far, concatenated along time (dim=2).", tol=_F32)
-
-
 @_one_thread
 def check_cached_attention(CachedSelfAttention, hidden: bool = False) -> None:
+    def drawn(d):
+        n_kv = d.rng.randrange(1, 4)
+        n_heads = n_kv * d.rng.randrange(1, 4)
+        chunks = [d.rng.randrange(1, 8)] + [d.rng.randrange(1, 4) for _ in range(d.rng.randrange(2, 5))]
+        return (n_heads * 2 * d.rng.randrange(1, 5), n_heads, n_kv, d.rng.choice([100.0, 10000.0]),
+                d.rng.randrange(1, 4), chunks)
+
     # A chunk of several tokens after a cache (the mask is bottom-right), and 6 heads over 2 (a group of
     # 3, so that repeat_interleave(n_kv_heads) or repeat cannot pass by chance).
     d = draw("cached_attention", hidden)
     cases = d.cases([(24, 6, 2, 10000.0, 2, [5, 3, 1]), (12, 3, 3, 10000.0, 1, [3, 1, 1])] +
                     ([(32, 4, 1, 500.0, 2, [4, 3, 1, 2]), (24, 6, 2, 10000.0, 1, [200, 1, 2])] if hidden else []),
-                    _cached_case, 3)   # hidden: chunks, and a long offset
+                    drawn, 3)   # hidden: chunks, and a long offset
     for i, (d_model, n_heads, n_kv_heads, base, B, chunks) in enumerate(cases):
         with d.sub(f"init{i}").seeded():
             module = call(CachedSelfAttention, d_model, n_heads, n_kv_heads, rope_base=base,
@@ -375,7 +363,8 @@ def _check_step(module, x: torch.Tensor, start: int, n: int, cache, heads: tuple
            f"{tag}.forward should return (out, (k, v)).", "return the output and the new cache as a pair.")
 
     def attend(positions, allowed, tile=False):     # the oracle with one condition changed
-        return lambda: _attend64(x[:, start:T_k], *heads, positions, allowed, (k[:, :, :start], v[:, :, :start]), tile)[0]
+        past = (k[:, :, :start], v[:, :, :start])
+        return lambda: _attend64(x[:, start:T_k], *heads, positions, allowed, past, tile)[0]
     compare(result[0], out[:, start:T_k], f"{step}: the output, against the uncached model's at those positions",
             "with a cache the new tokens must give exactly the outputs of the uncached model at their positions: "
             "rotate q and k at positions past_len + arange(T), attend to the cached and new keys, and mask so that "
@@ -395,8 +384,19 @@ def _check_step(module, x: torch.Tensor, start: int, n: int, cache, heads: tuple
                 (attend(here, torch.ones(n, T_k, dtype=torch.bool)) if start else None,
                  "several new tokens arrived with a cache and were not masked: each new token may see the "
                  "cache and the new tokens up to itself (j <= past_len + i), not the ones after it.")], tol=_F32)
-    _check_cache(result[1], k[:, :, :T_k], v[:, :, :T_k], unrotated[:, :, :T_k], n_heads, step)
-    return result[1]
+    cache = result[1]
+    expect(isinstance(cache, (tuple, list)) and len(cache) == 2, f"{step} should return (out, (k, v)); the cache "
+           f"was {type(cache).__name__}.", "return the concatenated keys and values as a tuple (k, v).")
+    compare(cache[0], k[:, :, :T_k], f"{step}: the cached keys",
+            "the cache holds the keys of every position so far, concatenated along time (dim=2).", variants=[
+                (when(lambda got: n_heads != n_kv_heads and tuple(got.shape) == (len(x), n_heads, T_k, k.shape[-1])),
+                 "cache the n_kv_heads keys and values before repeating them for the query heads: storing "
+                 "(B, n_kv_heads, T, d_head) is the memory saving of grouped-query attention."),
+                (unrotated[:, :, :T_k], "cache the keys after RoPE: a cached key keeps the rotation of its own "
+                                        "position, so old keys never need rotating again.")], tol=_F32)
+    compare(cache[1], v[:, :, :T_k], f"{step}: the cached values",
+            "cache the values of every position so far, concatenated along time (dim=2).", tol=_F32)
+    return cache
 
 # ----------------------------------------------------------------------------- exercise 4: batched generation
 
@@ -455,7 +455,8 @@ class TinyDecoder(nn.Module):
                      "holds the keys and values of everything before it.")
         _core.expect(isinstance(positions, torch.Tensor) and positions.shape == (B, T),
                      f"the model was called with ids of shape {tuple(ids.shape)} and positions of shape "
-                     f"{tuple(getattr(positions, 'shape', ()))}.", "positions has one entry per token fed: shape (B, T).")
+                     f"{tuple(getattr(positions, 'shape', ()))}.",
+                     "positions has one entry per token fed: shape (B, T).")
         _core.expect(isinstance(attention_mask, torch.Tensor) and attention_mask.shape == (B, past_len + T),
                      f"the model was called with {T} new tokens after a cache of {past_len}, and an attention_mask "
                      f"of shape {tuple(getattr(attention_mask, 'shape', ()))}, expected {(B, past_len + T)}.",
@@ -493,7 +494,8 @@ def _greedy_margins(model: TinyDecoder, prompt: torch.Tensor, new: list[int]) ->
     """For each new token: is it the argmax (within 1e-4) of the uncached logits that predicted it?"""
     seq = torch.cat((prompt, torch.tensor(new, dtype=torch.long)))[None]
     want = model(seq)[0][0, len(prompt) - 1:len(prompt) - 1 + len(new)].double()
-    return (want.gather(1, torch.tensor(new, dtype=torch.long)[:, None]).squeeze(1) >= want.max(-1).values - 1e-4).tolist()
+    chosen = want.gather(1, torch.tensor(new, dtype=torch.long)[:, None]).squeeze(1)
+    return (chosen >= want.max(-1).values - 1e-4).tolist()
 
 
 def _pick_eos(continuations: list[list[int]], vocab_size: int) -> int:
@@ -531,8 +533,10 @@ def _model_that_stops(d, cfg: tuple, dtype: torch.dtype, prompts: list, n_new: i
     return model, alone, eos_id
 
 
-def _check_prefill(rec: dict, prompts: list[torch.Tensor], label: str) -> None:
-    B, T0 = len(prompts), max(len(p) for p in prompts)
+def _check_calls(records: list[dict], prompts: list[torch.Tensor], tokens: torch.Tensor, eos_id: int,
+                 label: str) -> None:
+    """The inputs of the model's calls: the left-padded prefill, then each row's last token at its position."""
+    B, T0, rec = len(prompts), max(len(p) for p in prompts), records[0]
     expect(rec["cached"] == 0 and tuple(rec["ids"].shape) == (B, T0),
            f"{label}: the first call fed ids of shape {tuple(rec['ids'].shape)} after a cache of {rec['cached']} "
            f"tokens, expected the padded prompts, ({B}, {T0}), with no cache.",
@@ -550,10 +554,6 @@ def _check_prefill(rec: dict, prompts: list[torch.Tensor], label: str) -> None:
                 "each sequence counts its positions from its own first real token: 0, 1, ..., len - 1.", variants=[
                     (torch.arange(T0 - L, T0), "the positions count from the first column of the padded batch; a "
                      "left-padded prompt starts at position 0 at its first real token (cumsum of the mask, minus 1).")])
-
-
-def _check_decode_calls(records: list[dict], prompts, tokens: torch.Tensor, eos_id: int, label: str) -> None:
-    B, T0 = len(prompts), max(len(p) for p in prompts)
     lengths = torch.tensor([len(p) for p in prompts])
     for s, rec in enumerate(records[1:], start=1):                  # the call that chooses token s
         where = f"{label}: decode call {s}"
@@ -598,9 +598,7 @@ def _check_generation(generate_batch, model: TinyDecoder, alone: list, eos_id: i
     expect(tokens.dtype == torch.long, f"{label}: the new tokens are {tokens.dtype}, expected torch.long.",
            "token ids are int64, like the prompts: build the output with torch.full(..., dtype=torch.long).")
     expect(n_calls > 0, f"{label} never called the model.", "call model(ids, kv_caches, positions, mask).")
-    _check_prefill(records[0], prompts, label)
-    tokens = tokens.detach().cpu()
-    _check_decode_calls(records, prompts, tokens, eos_id, label)
+    _check_calls(records, prompts, tokens := tokens.detach().cpu(), eos_id, label)
     for b, p in enumerate(prompts):                # each row: greedy up to and including its end token, then pad_id
         row = tokens[b].tolist()
         end = row.index(eos_id) + 1 if eos_id in row else n_new
@@ -648,7 +646,8 @@ def _beam_oracle(step_fn, bos, eos, beam_size, max_len, alpha, variant="ok"):
 
 def _beam_cases(d) -> list[tuple]:
     def drawn(d):
-        return (d.rng.randrange(4, 12), d.rng.randrange(1, 6), d.rng.randrange(2, 8), d.rng.choice([0.0, 0.5, 0.8, 1.0]),
+        return (d.rng.randrange(4, 12), d.rng.randrange(1, 6), d.rng.randrange(2, 8),
+                d.rng.choice([0.0, 0.5, 0.8, 1.0]),
                 d.rng.choice([0.5, 1.0, 2.0, 3.0]))
 
     specs = d.cases([(7, 3, 5, 1.0, 1.5), (9, 4, 6, 1.0, 0.5), (6, 2, 4, 0.6, 2.0), (8, 3, 6, 1.0, 3.0)] +
@@ -795,15 +794,14 @@ def check_quantize_int8(quantize_int8, dequantize_int8, hidden: bool = False) ->
                "round to the nearest level; the error of each weight is at most scale / 2.")
 
 
-def _linear_case(d) -> tuple:
-    size = d.rng.choice([1, 2, 4, 8])
-    return size * d.rng.randrange(1, 6), d.rng.randrange(1, 40), d.rng.random() < 0.5, size
-
-
 @_one_thread
 def check_int8_linear(Int8Linear, hidden: bool = False) -> None:
+    def drawn(d):
+        size = d.rng.choice([1, 2, 4, 8])
+        return size * d.rng.randrange(1, 6), d.rng.randrange(1, 40), d.rng.random() < 0.5, size
+
     d = draw("int8_linear", hidden)
-    cases = d.cases([(12, 5, True, 4), (6, 6, False, 3)], _linear_case, 3)
+    cases = d.cases([(12, 5, True, 4), (6, 6, False, 3)], drawn, 3)
     if hidden:
         n = 4 * d.rng.randrange(2, 6)
         cases.append((n, n, True, 4))
@@ -906,7 +904,8 @@ def _memory_oracle(c: dict, seq_len: int, batch: int, wdt: torch.dtype, kvdt: to
     heads = c["n_heads"] if variant == "kv_n_heads" else c["n_kv_heads"]
     two = 1 if variant == "kv_once" else 2
     b = 1 if variant == "no_batch" else batch
-    return _params_oracle(c) * size + two * c["n_layers"] * b * seq_len * heads * (c["d_model"] // c["n_heads"]) * kvsize
+    d_head = c["d_model"] // c["n_heads"]
+    return _params_oracle(c) * size + two * c["n_layers"] * b * seq_len * heads * d_head * kvsize
 
 
 _MEMORY_HINTS = [
@@ -920,22 +919,19 @@ _MEMORY_HINTS = [
 ]
 
 
-def _random_config(d) -> dict:
+def _random_config(d) -> tuple[str, dict, int]:
+    """(name, config, its parameter count)."""
     kv = d.rng.choice([1, 2, 4, 8])
     h = kv * d.rng.choice([1, 2, 4])
     width = h * d.rng.choice([16, 32, 64, 128])
-    return dict(vocab_size=d.rng.randrange(100, 200_000), d_model=width, n_layers=d.rng.randrange(1, 100),
-                n_heads=h, n_kv_heads=kv, d_ff=d.rng.randrange(width, 5 * width), tie_embeddings=d.rng.random() < 0.5)
-
-
-def _named_config(d) -> tuple[str, dict, int]:
-    c = _random_config(d)
+    c = dict(vocab_size=d.rng.randrange(100, 200_000), d_model=width, n_layers=d.rng.randrange(1, 100),
+             n_heads=h, n_kv_heads=kv, d_ff=d.rng.randrange(width, 5 * width), tie_embeddings=d.rng.random() < 0.5)
     return f"config {c}", c, _params_oracle(c)
 
 
 def _memory_cases(d) -> list[tuple]:
     def drawn(d):
-        return (_random_config(d), d.rng.randrange(1, 100_000), d.rng.randrange(1, 16),
+        return (_random_config(d)[1], d.rng.randrange(1, 100_000), d.rng.randrange(1, 16),
                 d.rng.choice([torch.float32, torch.bfloat16, torch.int8]),
                 d.rng.choice([None, torch.float16, torch.float32, torch.int8]))
 
@@ -950,11 +946,7 @@ def _memory_cases(d) -> list[tuple]:
 KV_PREDICTION = dict(n_layers=28, n_heads=28, n_kv_heads=4, d_head=128, seq_len=32768, batch_size=8, bytes=2)
 
 
-def _kv_bytes(n_layers, n_heads, n_kv_heads, d_head, seq_len, batch_size, bytes) -> int:
-    return 2 * n_layers * n_kv_heads * d_head * seq_len * batch_size * bytes
-
-
-KV_ANSWER = _kv_bytes(**KV_PREDICTION)
+KV_ANSWER = 2 * math.prod(v for k, v in KV_PREDICTION.items() if k != "n_heads")   # a key and a value
 
 
 def _check_kv_prediction(predicted_kv_cache_bytes) -> None:
@@ -998,7 +990,7 @@ def check_memory(count_params, inference_memory_bytes, predicted_kv_cache_bytes=
     tiny = dict(vocab_size=10, d_model=4, n_layers=1, n_heads=2, n_kv_heads=1, d_ff=6, tie_embeddings=True)
     configs = [(name, c, want) for name, (c, want) in PUBLISHED.items() if hidden or name != "Llama-2-70B"]
     configs.append(("tiny tied", tiny, 10 * 4 + 2 * 16 + 2 * 4 * 2 + 3 * 4 * 6 + 2 * 4 + 4))
-    for name, c, want in d.sub("configs").cases(configs, _named_config, 5):
+    for name, c, want in d.sub("configs").cases(configs, _random_config, 5):
         compare(call(count_params, dict(c), name="count_params"), want, f"count_params({name})",
                 "per layer: q and o are d_model x d_model, k and v d_model x (n_kv_heads * d_head), a gated MLP "
                 "3 x d_model x d_ff, two norms of d_model; plus the embedding, a final norm and the head (unless "
@@ -1012,7 +1004,8 @@ def check_memory(count_params, inference_memory_bytes, predicted_kv_cache_bytes=
                  f"kv_dtype={kvdt})")
         expect(isinstance(got, int) and not isinstance(got, bool), f"{label} returned {type(got).__name__}.",
                "return a Python int (element_size() is an int).")
-        slips = [(v, text) for v, text in _MEMORY_HINTS if all(_memory_oracle(*p, v) == _memory_oracle(*p) for p in passed)]
+        slips = [(v, text) for v, text in _MEMORY_HINTS
+                 if all(_memory_oracle(*p, v) == _memory_oracle(*p) for p in passed)]
         bits = want + _params_oracle(c) * 7 * torch.empty((), dtype=wdt).element_size()   # weights counted in bits
         compare(got, want, label, "bytes = count_params(config) * weight bytes + 2 * n_layers * batch_size * seq_len "
                 "* n_kv_heads * d_head * KV bytes.", variants=[(_memory_oracle(*case, v), text) for v, text in slips] +
@@ -1117,7 +1110,8 @@ def check_speculative_accept(speculative_accept, expected_tokens_per_step, hidde
     first, again = _under_two_global_seeds(d, lambda: _run_spec(speculative_accept, p, q, 64, d.sub("again"))[1:])
     expect(torch.equal(first[0], again[0]) and torch.equal(first[1], again[1]),
            "speculative_accept gave different results for the same generator when the global seed changed.",
-           "draw every uniform and every sample from the generator you are given: torch.rand(..., generator=generator), "
+           "draw every uniform and every sample from the generator you are given: "
+           "torch.rand(..., generator=generator), "
            "torch.multinomial(..., generator=generator).")
     _check_expected_tokens(expected_tokens_per_step, d.sub("expected"))
 
@@ -1145,7 +1139,8 @@ def _check_first_acceptance(p: torch.Tensor, q: torch.Tensor, n: torch.Tensor) -
               "p(x) >= q(x)."),
              (when(lambda a: a > 0.999), "draft tokens are not always accepted: draw u uniformly and accept when "
               "u < p(x) / q(x).")],
-             "accept draft token x with probability min(1, p(x) / q(x)), with u = torch.rand(..., generator=generator)."))
+             "accept draft token x with probability min(1, p(x) / q(x)), with u = "
+             "torch.rand(..., generator=generator)."))
 
 
 _FRESH_UNIFORM = ("every position has its own test: draw a fresh uniform for each position (u of shape (B, k)) and "
@@ -1178,7 +1173,8 @@ def _check_position(p, q, draft, n, nxt, j: int) -> None:
     else:
         residual = (p[j] - q[j]).clamp(min=0)
         hint = diagnose(nxt[n == j], [
-            (when(lambda r: len(r) == 0), "accept with probability min(1, p(x) / q(x)) and stop at the first rejection."),
+            (when(lambda r: len(r) == 0),
+             "accept with probability min(1, p(x) / q(x)) and stop at the first rejection."),
             (when(lambda r: len(r) >= 100 and _follows(r, residual / residual.sum())), "the replacement tokens follow "
              f"the residual, so the acceptance at position {j} is wrong: {_FRESH_UNIFORM}")],
             "after a rejection at position j, sample the replacement from max(0, p_j - q_j) renormalised to sum 1 "

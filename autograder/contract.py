@@ -41,6 +41,13 @@ HIDDEN_PLACEHOLDER = "# (hidden tests: their code is not shown in feedback)"
 SETUP_ID = "setup"
 
 
+# What the executor writes as a cell's error when the cell did not finish on its own: the
+# grader's notes read these names (they are also what a student sees in the feedback).
+KERNEL_DIED = "KernelDied"          # the kernel died while the cell ran
+NOT_RUN = "NotRun"                  # a later cell, not run after a death or a stop
+TIMED_OUT = "CellTimeoutError"      # the cell ran past its time limit
+
+
 class Role(str, enum.Enum):
     SETUP = "setup"
     ANSWER = "answer"

@@ -33,11 +33,7 @@ from traitlets import Bool, Dict, Integer, Unicode
 from course import kernel_messages
 
 from . import contract
-from .contract import Role
-
-KERNEL_DIED = "KernelDied"
-NOT_RUN = "NotRun"
-TIMED_OUT = "CellTimeoutError"
+from .contract import KERNEL_DIED, NOT_RUN, TIMED_OUT, Role  # noqa: F401 - the crash kinds, named in contract
 
 
 def error_output(ename: str, evalue: str, traceback_text: str | None = None) -> NotebookNode:

@@ -530,13 +530,13 @@ class Grader:
                 for output in cell.get("outputs", []):
                     if output.get("output_type") != "error":
                         continue
-                    if output.ename == "KernelDied":
+                    if output.ename == contract.KERNEL_DIED:
                         died.add(output.evalue)
                         row.notes.append(f"{notebook}: {output.evalue}; later cells scored zero")
-                    elif output.ename == "CellTimeoutError":
+                    elif output.ename == contract.TIMED_OUT:
                         grade_id = contract.grade_id(cell) or "a cell"
                         row.notes.append(f"{notebook}: {grade_id} ran past the time limit and was stopped")
-                    elif output.ename == "NotRun":
+                    elif output.ename == contract.NOT_RUN:
                         reason = str(output.evalue).removeprefix("not run: ")
                         after, count = not_run.get(reason, (last, 0))
                         not_run[reason] = (after, count + 1)

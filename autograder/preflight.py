@@ -133,7 +133,7 @@ def broken_message(where: str, error: str, count: int = 1) -> str:
 def setup_failure(nb) -> str | None:
     """The error of the set-up cell of an autograded notebook when it failed before any code
     of the student's ran (it is the first code cell: nbgrader restored its source), else None."""
-    from .executor import NOT_RUN
+    from .contract import NOT_RUN
 
     code = [cell for cell in nb.cells if cell.get("cell_type") == "code"]
     if not code or contract.grade_id(code[0]) != contract.SETUP_ID:

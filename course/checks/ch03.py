@@ -1,19 +1,12 @@
-"""Checks for chapter 3: softmax; attention with a bias and a mask in any dtype; decoder masks for
-left-padded batches after a cache; multi-head attention from a fused per-head projection;
-grouped-query attention by broadcasting; the entropy of attention (predict, then measure);
-sliding-window attention in O(T * window); causal linear attention in chunks; tiled attention
-with query and key tiles, a causal mask and the log-sum-exp; and one decoder attention step
-(token embeddings, RoPE at a cache offset, grouped-query attention).
+"""Checks for chapter 3: softmax; attention with a bias and a mask in any dtype; decoder masks after a
+cache; fused multi-head attention; grouped-query attention; the entropy of attention (predict, then
+measure); sliding-window, chunked linear and tiled attention; one decoder attention step with RoPE.
 
-Oracles: ``torch.softmax`` / ``torch.logsumexp`` and the attention formula computed in float64
-(here, never in the answers), ``F.scaled_dot_product_attention`` (also with ``enable_gqa``),
-``nn.MultiheadAttention`` with weights copied into the student's layer, masks derived by loops,
-a RoPE written with complex numbers, and properties: rows sum to one, masked weights are zero,
-causality, merging two halves of the keys through the log-sum-exp gives the whole, and the
-largest tensor an answer creates (seen through a dispatch mode) is smaller than what the
-exercise forbids (a (T, T) score matrix, expanded key/value heads, (T, d_k, d_v) prefix sums).
-
-Every oracle and wrong variant is computed from the inputs as drawn: the answers get copies.
+Oracles: ``torch.softmax`` and the attention formula in float64, ``F.scaled_dot_product_attention``,
+``nn.MultiheadAttention``, masks derived by loops, RoPE with complex numbers; properties (rows sum
+to one, masked weights are zero, causality, merging two halves of the keys through the log-sum-exp);
+and the largest tensor an answer creates, seen through a dispatch mode, against what the exercise
+forbids. Oracles and wrong variants see the inputs as drawn: the answers get copies.
 """
 
 from __future__ import annotations
@@ -63,28 +56,16 @@ _SOFTMAX_BUILTINS = ((torch, "softmax"), (F, "softmax"), (torch.Tensor, "softmax
                      (torch, "logsumexp"), (torch.Tensor, "logsumexp"))
 
 
-def _softmax_global_max(x: torch.Tensor, dim: int) -> torch.Tensor:
-    e = torch.exp(x - x.max())
-    return e / e.sum(dim=dim, keepdim=True)
-
-
-def _softmax_no_keepdim(x: torch.Tensor, dim: int) -> torch.Tensor:
-    e = torch.exp(x - x.max(dim=dim).values)          # raises where the shapes do not broadcast: no such variant
-    return e / e.sum(dim=dim, keepdim=True)
-
-
 def _softmax_cases(d) -> list:
     """(x, dim, what): small, overflowing, -inf and float64 inputs; more shapes and offsets when hidden."""
-    cases = [
-        (torch.tensor([[1.0, 2.0, 3.0], [0.0, 0.0, 0.0]]), -1, "a small example"),
-        (d.randn(3, 5), -1, "a (3, 5) input along dim=-1"),
-        (d.randn(4, 4), -1, "a (4, 4) input along dim=-1"),
-        (d.randn(4, 6), 0, "a (4, 6) input along dim=0"),
-        (torch.tensor([[0.0, 1.0, 2.0], [1000.0, 1001.0, 1002.0]]), -1, "rows far apart in size"),
-        (torch.tensor([[10_000.0, 0.0, -10_000.0]]), -1, "entries of +-1e4"),
-        (torch.tensor([[0.5, float("-inf"), 1.5, float("-inf")]]), -1, "a row with -inf entries (masked scores)"),
-        (d.randn(3, 4, dtype=torch.float64) * 20 + 300, -1, "a float64 (3, 4) input around 300"),
-    ]
+    t = torch.tensor
+    cases = [(t([[1.0, 2.0, 3.0], [0.0, 0.0, 0.0]]), -1, "a small example"),
+             (d.randn(3, 5), -1, "a (3, 5) input along dim=-1"), (d.randn(4, 4), -1, "a (4, 4) input along dim=-1"),
+             (d.randn(4, 6), 0, "a (4, 6) input along dim=0"),
+             (t([[0.0, 1.0, 2.0], [1000.0, 1001.0, 1002.0]]), -1, "rows far apart in size"),
+             (t([[10_000.0, 0.0, -10_000.0]]), -1, "entries of +-1e4"),
+             (t([[0.5, -math.inf, 1.5, -math.inf]]), -1, "a row with -inf entries (masked scores)"),
+             (d.randn(3, 4, dtype=torch.float64) * 20 + 300, -1, "a float64 (3, 4) input around 300")]
     if d.hidden:
         cases += [(d.randn(2, 3, 7) * 30, 1, "a (2, 3, 7) input along dim=1"),
                   (d.randn(2, 3, 7) * 30 + 500, -1, "a (2, 3, 7) input with large values"),
@@ -104,10 +85,14 @@ def _softmax_cases(d) -> list:
 
 def _softmax_variants(x: torch.Tensor, dim: int) -> list:
     """The results of common bugs, in the order their hints are tried."""
-    finite_input = bool(torch.isfinite(x).all())
+    def shifted(m):             # exp(x - m) normalised along dim; raises where m does not broadcast: no variant
+        e = torch.exp(x - m)
+        return e / e.sum(dim=dim, keepdim=True)
+
+    finite_input, global_max = bool(torch.isfinite(x).all()), shifted(x.max())
     broken = lambda got: not bool(torch.isfinite(got).all())  # noqa: E731
     return [
-        (when(lambda got: broken(got) and matches(got, _softmax_global_max(x, dim))),
+        (when(lambda got: broken(got) and matches(got, global_max)),
          "take the maximum along dim (x.max(dim=dim, keepdim=True)), not over the whole tensor: a global maximum "
          "makes exp underflow to 0 in rows far below it, and 0/0 is NaN."),
         (when(lambda got: broken(got) and finite_input),
@@ -115,13 +100,13 @@ def _softmax_variants(x: torch.Tensor, dim: int) -> list:
          "softmax(x) = softmax(x - max(x)) exactly."),
         (when(broken), "a -inf entry must give weight exactly 0: exp(-inf - max) = 0. Subtract the maximum along "
                        "dim (it is finite when the row has a finite entry), then exponentiate."),
-        (lambda: _softmax_global_max(x, dim), "take the maximum along dim (keepdim=True), not over the whole tensor."),
-        (lambda: _softmax_no_keepdim(x, dim), "x.max(dim=dim) drops that axis, so x - m broadcasts along the wrong "
-                                              "axis: use x.max(dim=dim, keepdim=True).values."),
+        (global_max, "take the maximum along dim (keepdim=True), not over the whole tensor."),
+        (lambda: shifted(x.max(dim=dim).values), "x.max(dim=dim) drops that axis, so x - m broadcasts along the wrong "
+                                                 "axis: use x.max(dim=dim, keepdim=True).values."),
         *[(lambda other=other: torch.softmax(x.double(), dim=other).to(x.dtype),
            "normalise along the axis `dim` that was passed in, for both the maximum and the sum.")
           for other in range(x.dim()) if other != dim % x.dim()],
-        (when(lambda got: torch.allclose(got.sum(dim=dim), torch.ones((), dtype=got.dtype), atol=1e-5)),
+        (when(lambda got: matches(got.sum(dim=dim), torch.ones_like(got.sum(dim=dim)), tol=(1e-5, 0.0))),
          "the result sums to 1 but has the wrong values: compute exp(x - max) / sum(exp(x - max))."),
     ]
 
@@ -180,28 +165,27 @@ def _weight_variants(q, k, v, mask, bias, want: torch.Tensor) -> list:
 
     def sums_off(got):
         sums = got.detach().sum(dim=-1)[~empty.expand(got.shape[:-1])]
-        return not torch.allclose(sums, torch.ones_like(sums), atol=1e-4)
+        return not matches(sums, torch.ones_like(sums), tol=(1e-4, 0.0))
 
     return [
-        (when(uniform_empty_rows),
-         "a fully masked row must get all-zero weights and a zero output, not a uniform average: after the "
-         "softmax, set the weights of masked positions to 0 (a finite fill such as -1e9 or finfo.min alone "
-         "spreads the row evenly over forbidden keys)."),
+        (when(uniform_empty_rows), "a fully masked row must get all-zero weights and a zero output, not a uniform "
+         "average: after the softmax, set the weights of masked positions to 0 (a finite fill such as -1e9 or "
+         "finfo.min alone spreads the row evenly over forbidden keys)."),
         (ref(bias_mode="ignored") if biased else None, "the bias was ignored: add it to the scaled scores, scores = "
-                                                       "q @ k^T / sqrt(d_k) + bias, before the mask and the softmax."),
+         "q @ k^T / sqrt(d_k) + bias, before the mask and the softmax."),
         (ref(bias_mode="before_scale") if biased else None, "the bias was divided by sqrt(d_k) with the scores: the "
-                                                            "bias is added after the scaling, q @ k^T / sqrt(d_k) + bias."),
+         "bias is added after the scaling, q @ k^T / sqrt(d_k) + bias."),
         (ref(bias_mode="subtract") if biased else None, "the bias was subtracted: add it (it already holds the sign "
-                                                        "it needs, for example -slope * distance for ALiBi)."),
+         "it needs, for example -slope * distance for ALiBi)."),
         (ref(scale="none"), "the scores were not scaled: divide q @ k^T by sqrt(d_k), the size of the last axis of q."),
         (ref(scale="d_k"), "the scores were divided by d_k; divide by sqrt(d_k) (math.sqrt(q.shape[-1]))."),
         (ref(softmax_dim=-2), "the softmax ran over the queries (dim=-2); it must run over the keys, the last axis "
-                              "(dim=-1), so that each query's weights sum to 1."),
+         "(dim=-1), so that each query's weights sum to 1."),
         (ref(invert=True) if masked else None, "the mask is inverted: True means 'may attend', so fill where the mask "
-                                               "is False (masked_fill(~mask, ...))."),
-        (ref(mask_scores=False) if masked else None,
-         "the mask was applied only after the softmax: zeroing weights afterwards leaves rows that no longer sum to 1. "
-         "Fill the masked scores (masked_fill(~mask, torch.finfo(dtype).min)) before the softmax."),
+         "is False (masked_fill(~mask, ...))."),
+        (ref(mask_scores=False) if masked else None, "the mask was applied only after the softmax: zeroing weights "
+         "afterwards leaves rows that no longer sum to 1. Fill the masked scores (masked_fill(~mask, "
+         "torch.finfo(dtype).min)) before the softmax."),
         (when(lambda got: masked and bool(got.detach().masked_select(~mask.expand(got.shape)).ne(0).any())),
          "masked positions must get weight exactly 0: fill their scores with a very negative value "
          "(torch.finfo(dtype).min) before the softmax, where the mask is False."),
@@ -212,8 +196,7 @@ def _weight_variants(q, k, v, mask, bias, want: torch.Tensor) -> list:
 def _run_attention(fn, q, k, v, mask, bias=None):
     """The answer's (out, weights) for these very tensors (pass copies where an oracle needs the originals)."""
     with forbid(*_SDPA, exercise="scaled dot-product attention"):
-        extra = {} if bias is None else {"bias": bias}
-        result = call(fn, q, k, v, mask, name="scaled_dot_product_attention", **extra)
+        result = call(fn, q, k, v, mask, name="scaled_dot_product_attention", **({} if bias is None else {"bias": bias}))
     expect(isinstance(result, tuple) and len(result) == 2,
            f"scaled_dot_product_attention should return a tuple (out, weights), got {type(result).__name__}.",
            "return both: `return weights @ v, weights`.")
@@ -233,61 +216,70 @@ def _check_attention_case(fn, q, k, v, mask, what: str, bias=None) -> None:
                "positions to 0 after the softmax; the contract asks for zero weights and a zero output in such a row.")
         fail(f"{what}: the output contains NaN.", "check the fill value and that the softmax runs over the last axis.")
     want_out, want_w = (t.to(q.dtype) for t in _attention_ref(q, k, v, mask, bias=bias))
-    compare(weights, want_w, f"weights for {what}",
-            "weights = softmax(q @ k^T / sqrt(d_k) + bias) over the last axis, with masked entries excluded.",
-            variants=_weight_variants(q, k, v, mask, bias, want_w))
-    compare(out, want_out, f"out for {what}",
-            "out must be weights @ v: multiply the (T_q, T_k) weights by v (T_k, d_v).")
+    compare(weights, want_w, f"weights for {what}", "weights = softmax(q @ k^T / sqrt(d_k) + bias) over the last "
+            "axis, with masked entries excluded.", variants=_weight_variants(q, k, v, mask, bias, want_w))
+    compare(out, want_out, f"out for {what}", "out must be weights @ v: multiply the (T_q, T_k) weights by v (T_k, d_v).")
 
 
 # PyTorch's words when a fill does not fit the dtype, or a float32 tensor meets a half-precision one.
 _LOW_PRECISION_ERRORS = [
-    (("overflow", "cannot be converted"),
-     "a fixed fill such as -1e9 does not exist in {dtype} (float16's largest magnitude is 65504): masked_fill "
-     "refuses it, and a conversion turns it into -inf. Fill with torch.finfo(scores.dtype).min, which exists in "
-     "every dtype."),
-    (("scalar type", "dtype"),
-     "keep the input dtype: a float32 tensor in the mask arithmetic (torch.zeros(...) without a dtype) promotes the "
-     "scores to float32, which then meet v in float16. Fill with scores.masked_fill(~mask, "
-     "torch.finfo(scores.dtype).min)."),
+    (("overflow", "cannot be converted"), "a fixed fill such as -1e9 does not exist in {dtype} (float16's largest "
+     "magnitude is 65504): masked_fill refuses it, and a conversion turns it into -inf. Fill with "
+     "torch.finfo(scores.dtype).min, which exists in every dtype."),
+    (("scalar type", "dtype"), "keep the input dtype: a float32 tensor in the mask arithmetic (torch.zeros(...) "
+     "without a dtype) promotes the scores to float32, which then meet v in float16. Fill with "
+     "scores.masked_fill(~mask, torch.finfo(scores.dtype).min)."),
 ]
 # A softmax and two products rounded in half precision (unit roundoff 4.9e-4 in float16, 3.9e-3 in
 # bfloat16) stay within these of the exact values on the exercise's sizes (d_k = 8, up to 9 keys).
 _HALF_TOLERANCE = {torch.float16: (4e-3, 4e-3), torch.bfloat16: (3e-2, 3e-2)}
 
 
-def _low_precision_case(fn, q, k, v, mask, what: str, bias=None) -> None:
-    """float16 / bfloat16 inputs: the fill must exist in the dtype, results keep the dtype."""
-    dtype = q.dtype
-    try:
-        out, weights = _run_attention(fn, *_copies(q, k, v, mask, bias))
-    except CheckFailed as err:
-        hint = next((h for words, h in _LOW_PRECISION_ERRORS if any(w in err.what for w in words)), None)
-        if hint is None:
-            raise
-        fail(f"{what}: scaled_dot_product_attention raised on {dtype} input: {err.what.splitlines()[0]}",
-             hint.format(dtype=dtype))
-    for name, t in (("out", out), ("weights", weights)):
-        expect(isinstance(t, torch.Tensor) and t.dtype == dtype,
-               f"{what}: {name} has dtype {getattr(t, 'dtype', type(t).__name__)}, expected {dtype}.",
-               "keep the input dtype: a float32 tensor or a Python-float tensor in the mask arithmetic promotes "
-               "the scores; fill with scores.masked_fill(~mask, torch.finfo(scores.dtype).min).")
-    expect(not (torch.isnan(out).any() or torch.isnan(weights).any()),
-           f"{what}: the output contains NaN in {dtype}, although float32 inputs were fine.",
-           f"the fill value became -inf in {dtype}: a constant such as -1e9 overflows float16 (its largest "
-           "magnitude is 65504), and a fully masked row then gives NaN. Fill with torch.finfo(scores.dtype).min.")
-    want_out, want_w = (t.to(dtype) for t in _attention_ref(q, k, v, mask, bias=bias))
-    compare(weights, want_w, f"weights for {what}", "weights = softmax(q @ k^T / sqrt(d_k) + bias) over the last "
-            "axis, masked entries exactly 0, computed in the input dtype.", tol=_HALF_TOLERANCE[dtype])
-    compare(out, want_out, f"out for {what}", "out must be weights @ v.", tol=_HALF_TOLERANCE[dtype])
+def _check_low_precision(fn, d) -> None:
+    """float16 / bfloat16 inputs with a fully masked row: the fill must exist in the dtype, results keep it."""
+    low = [(torch.float16, 3, 5, False), (torch.bfloat16, 4, 6, True)]
+    for dtype, T_q, T_k, with_bias in low + ([(torch.float16, 6, 9, True), (torch.bfloat16, 5, 3, False)]
+                                             if d.hidden else []):
+        mask = d.uniform(0, 1, 2, 1, T_q, T_k) > 0.4
+        mask[..., 0, :] = False                                    # a fully masked query row
+        mask[..., 1:, 0] = True
+        q, k, v = (d.randn(2, 2, T, 8).to(dtype) for T in (T_q, T_k, T_k))
+        bias = (d.randn(1, 2, T_q, T_k) * 3).to(dtype) if with_bias else None
+        name = str(dtype)[6:]
+        what = (f"{name} inputs (2, 2, {T_q}/{T_k}, 8) with a fully masked row"
+                + (f" and a {name} bias (1, 2, {T_q}, {T_k})" if with_bias else ""))
+        try:
+            out, weights = _run_attention(fn, *_copies(q, k, v, mask, bias))
+        except CheckFailed as err:           # the answer raised: PyTorch's message names the mistake
+            hint = next((h for words, h in _LOW_PRECISION_ERRORS if any(w in err.what for w in words)), None)
+            if hint is None:
+                raise
+            fail(f"{what}: scaled_dot_product_attention raised on {dtype} input: {err.what.splitlines()[0]}",
+                 hint.format(dtype=dtype))
+        for name, t in (("out", out), ("weights", weights)):
+            expect(isinstance(t, torch.Tensor) and t.dtype == dtype,
+                   f"{what}: {name} has dtype {getattr(t, 'dtype', type(t).__name__)}, expected {dtype}.",
+                   "keep the input dtype: a float32 tensor or a Python-float tensor in the mask arithmetic promotes "
+                   "the scores; fill with scores.masked_fill(~mask, torch.finfo(scores.dtype).min).")
+        expect(not (torch.isnan(out).any() or torch.isnan(weights).any()), f"{what}: the output contains NaN in "
+               f"{dtype}, although float32 inputs were fine.", f"the fill value became -inf in {dtype}: a constant "
+               "such as -1e9 overflows float16 (its largest magnitude is 65504), and a fully masked row then gives "
+               "NaN. Fill with torch.finfo(scores.dtype).min.")
+        want_out, want_w = (t.to(dtype) for t in _attention_ref(q, k, v, mask, bias=bias))
+        compare(weights, want_w, f"weights for {what}", "weights = softmax(q @ k^T / sqrt(d_k) + bias) over the last "
+                "axis, masked entries exactly 0, computed in the input dtype.", tol=_HALF_TOLERANCE[dtype])
+        compare(out, want_out, f"out for {what}", "out must be weights @ v.", tol=_HALF_TOLERANCE[dtype])
 
 
-def _extreme_case(fn, q, k, v, mask, what: str) -> None:
-    """Scores far below zero: a fixed fill such as -1e4 is then above the real scores."""
-    _, weights = _run_attention(fn, *_copies(q, k, v, mask))
-    w = weights.detach().to(torch.float64)
-    live = mask.expand(w.shape).any(dim=-1)
-    leaked = w.masked_select(~mask.expand(w.shape)).abs()
+def _check_extreme(fn, d) -> None:
+    """Scores around -1e5, so that only a fill below all of them works (a fixed -1e4 is above them)."""
+    mask = torch.ones(2, 4, 6, dtype=torch.bool)
+    mask[:, :, 3:] = False
+    mask[1, 2] = False
+    q, k, v = torch.full((2, 4, 1), 300.0), -(330.0 + d.uniform(0, 10, 2, 6, 1)), d.randn(2, 6, 3)
+    what = "scores around -1e5 with a partly and a fully masked row"
+    w = _run_attention(fn, *_copies(q, k, v, mask))[1].detach().to(torch.float64)
+    live, leaked = mask.expand(w.shape).any(dim=-1), w.masked_select(~mask.expand(w.shape)).abs()
     expect(not (live & (w.sum(dim=-1) - 1).abs().gt(1e-3)).any() and not leaked.gt(0).any(),
            f"{what}: with scores around -1e5, the weights of the allowed keys sum to "
            f"{w.sum(dim=-1)[live].min().item():.3g} instead of 1 (masked keys got up to {leaked.max().item():.3g}).",
@@ -304,8 +296,7 @@ def _attention_cases(d) -> list:
     empty[..., 1, :] = False
     blind = _random_mask(d, (2, 1, 4, 6), 0.4)
     blind[1, 0, 2] = False
-    slopes = torch.tensor([0.5, 0.25]).view(1, 2, 1, 1)                        # ALiBi: -slope_h * (i - j)
-    distance = (torch.arange(T).view(-1, 1) - torch.arange(T).view(1, -1)).float()
+    alibi = -torch.tensor([0.5, 0.25]).view(1, 2, 1, 1) * (torch.arange(T).view(-1, 1) - torch.arange(T)).float()
     after_cache = torch.arange(6)[None, :] <= torch.arange(2, 6)[:, None]       # 4 queries after 2 cached keys
     return [
         (r(2, 5, 8), r(2, 5, 8), r(2, 5, 8), None, "q, k, v of shape (2, 5, 8), no mask", None),
@@ -316,12 +307,11 @@ def _attention_cases(d) -> list:
         (r(1, 2, T, 8), r(1, 2, T, 8), r(1, 2, T, 8), causal, "a causal mask (1, 1, 5, 5)", None),
         (r(1, 2, 3, 8), r(1, 2, 4, 8), r(1, 2, 4, 8), empty, "a mask whose second query row is all False", None),
         (r(1, 2, T, 8), r(1, 2, T, 8), r(1, 2, T, 8), causal,
-         "a causal mask (1, 1, 5, 5) and an ALiBi bias -slope_h * (i - j) of shape (1, 2, 5, 5)", -slopes * distance),
+         "a causal mask (1, 1, 5, 5) and an ALiBi bias -slope_h * (i - j) of shape (1, 2, 5, 5)", alibi),
         (r(2, 3, 4, 8), r(2, 3, 6, 8), r(2, 3, 6, 5), blind,
          "a bias (2, 3, 4, 6) and a mask (2, 1, 4, 6) in which query 2 of batch 1 sees no key", r(2, 3, 4, 6) * 2),
         (r(1, 2, 4, 8, dtype=f64), r(1, 2, 6, 8, dtype=f64), r(1, 2, 6, 3, dtype=f64), after_cache,
-         "float64 inputs (1, 2, 4/6, 8) with a (4, 6) causal mask after a cache and a (4, 6) bias",
-         r(4, 6, dtype=f64) * 2),
+         "float64 inputs (1, 2, 4/6, 8) with a (4, 6) causal mask after a cache and a (4, 6) bias", r(4, 6, dtype=f64) * 2),
     ]
 
 
@@ -362,23 +352,6 @@ def _drawn_attention_case(d) -> tuple:
             mask if d.rng.random() < 0.7 else None, what, bias)
 
 
-def _low_precision_cases(d) -> list:
-    """float16 / bfloat16 inputs with a fully masked query row (the lesson of the masks page)."""
-    low = [(torch.float16, 3, 5, False), (torch.bfloat16, 4, 6, True)]
-    low += [(torch.float16, 6, 9, True), (torch.bfloat16, 5, 3, False)] if d.hidden else []
-    cases = []
-    for dtype, T_q, T_k, with_bias in low:
-        mask = d.uniform(0, 1, 2, 1, T_q, T_k) > 0.4
-        mask[..., 0, :] = False                      # a fully masked query row
-        mask[..., 1:, 0] = True
-        q, k, v = (d.randn(2, 2, T, 8).to(dtype) for T in (T_q, T_k, T_k))
-        bias = (d.randn(1, 2, T_q, T_k) * 3).to(dtype) if with_bias else None
-        name = str(dtype)[6:]
-        cases.append((q, k, v, mask, f"{name} inputs (2, 2, {T_q}/{T_k}, 8) with a fully masked row"
-                      + (f" and a {name} bias (1, 2, {T_q}, {T_k})" if with_bias else ""), bias))
-    return cases
-
-
 def _check_attention_gradient(fn, d) -> None:
     """Rows with no allowed key must also be safe to train through."""
     empty = torch.ones(1, 1, 3, 4, dtype=torch.bool)
@@ -391,56 +364,38 @@ def _check_attention_gradient(fn, d) -> None:
     for name, t in (("q", q), ("k", k), ("v", v)):
         expect(t.grad is not None, f"no gradient reached {name}.", "do not detach anything inside the function.")
         expect(torch.isfinite(t.grad).all(), f"the output is right, but the gradient with respect to {name} contains "
-               "NaN when a query row is fully masked.",
-               "a row of -inf scores has a NaN softmax, and its backward pass is NaN too; with an additive mask "
-               "(scores + a tensor holding -inf) that NaN flows back into q and k even though the weights are zeroed "
-               "afterwards. Fill the scores with torch.finfo(scores.dtype).min (masked_fill), then zero the masked "
-               "weights.")
+               "NaN when a query row is fully masked.", "a row of -inf scores has a NaN softmax, and its backward pass "
+               "is NaN too; with an additive mask (scores + a tensor holding -inf) that NaN flows back into q and k "
+               "even though the weights are zeroed afterwards. Fill the scores with torch.finfo(scores.dtype).min "
+               "(masked_fill), then zero the masked weights.")
 
 
 @_one_thread
 def check_scaled_dot_product_attention(scaled_dot_product_attention, softmax=None, hidden: bool = False) -> None:
-    """softmax, when given, is the exercise 1 answer the attention may call: a failure it causes is
-    blamed on it."""
+    """softmax, when given, is the exercise 1 answer the attention may call: a failure it causes is blamed on it."""
+    fn, d = scaled_dot_product_attention, draw("scaled_dot_product_attention", hidden)
     with earlier_first(*earlier_answers("scaled_dot_product_attention",
                                         ("may call your softmax", 1, softmax, check_softmax))):
-        _check_scaled_dot_product_attention(scaled_dot_product_attention, hidden)
-
-
-def _check_scaled_dot_product_attention(fn, hidden: bool) -> None:
-    d = draw("scaled_dot_product_attention", hidden)
-    visible = _attention_cases(d) + (_hidden_attention_cases(d) if hidden else [])
-    for q, k, v, mask, what, bias in d.cases(visible, _drawn_attention_case, 2):
-        _check_attention_case(fn, q, k, v, mask, what, bias)
-    # Extreme score ranges: every real score near -1e5, so only a fill below all of them works.
-    far = torch.ones(2, 4, 6, dtype=torch.bool)
-    far[:, :, 3:] = False
-    far[1, 2] = False
-    k_far = -(330.0 + d.uniform(0, 10, 2, 6, 1))
-    _extreme_case(fn, torch.full((2, 4, 1), 300.0), k_far, d.randn(2, 6, 3), far,
-                  "scores around -1e5 with a partly and a fully masked row")
-    for q, k, v, mask, what, bias in _low_precision_cases(d.sub("low")):
-        _low_precision_case(fn, q, k, v, mask, what, bias)
-    _check_attention_gradient(fn, d)
+        visible = _attention_cases(d) + (_hidden_attention_cases(d) if hidden else [])
+        for q, k, v, mask, what, bias in d.cases(visible, _drawn_attention_case, 2):
+            _check_attention_case(fn, q, k, v, mask, what, bias)
+        _check_extreme(fn, d)
+        _check_low_precision(fn, d.sub("low"))
+        _check_attention_gradient(fn, d)
 
 # ----------------------------------------------------------------------------- exercise 3
 
 
 def _decoder_mask_oracle(key_is_real: torch.Tensor, q_len: int, offset_shift: int = 0, causal: bool = True,
                          padding: bool = True, pad_queries: bool = False, strict: bool = False) -> torch.Tensor:
-    """The contract by loops; the keyword arguments reproduce common bugs for diagnosis."""
+    """The contract by loops, (B, 1, q_len, k_len); the keyword arguments reproduce common bugs."""
     B, k_len = key_is_real.shape
     out = torch.zeros(B, 1, q_len, k_len, dtype=torch.bool)
-    for b in range(B):
-        for i in range(q_len):
-            p = k_len - q_len + i + offset_shift
-            for j in range(k_len):
-                ok = (j < p if strict else j <= p) if causal else True
-                if padding:
-                    ok = ok and bool(key_is_real[b, j])
-                if pad_queries:
-                    ok = ok and bool(key_is_real[b, k_len - q_len + i])
-                out[b, 0, i, j] = ok
+    for b, i, j in ((b, i, j) for b in range(B) for i in range(q_len) for j in range(k_len)):
+        p = k_len - q_len + i + offset_shift                      # the position of query i
+        ok = (j < p if strict else j <= p) if causal else True
+        ok = ok and (not padding or bool(key_is_real[b, j]))
+        out[b, 0, i, j] = ok and (not pad_queries or bool(key_is_real[b, k_len - q_len + i]))
     return out
 
 
@@ -458,8 +413,7 @@ def _decoder_mask_variants(past: int) -> list:
         (dict(padding=False), "the padding was ignored: a key with key_is_real False is hidden from every query."),
         (dict(causal=False), "the mask is not causal: a query may not see keys after its own position."),
         (dict(pad_queries=True), "padding queries were masked too: only keys are hidden. The row of a padding query "
-                                 "keeps what it may see (often nothing: exercise 2 then gives it a zero output, and "
-                                 "the loss ignores it)."),
+         "keeps what it may see (often nothing: exercise 2 then gives it a zero output, and the loss ignores it)."),
     ]
 
 
@@ -476,13 +430,12 @@ def _decoder_mask_cases(d) -> list:
         return [d.rng.randrange(0, k_len) for _ in range(B)], k_len, d.rng.randrange(1, k_len + 1)
 
     visible = [([2, 0], 6, 6), ([3, 0, 1], 7, 2), ([1, 4], 5, 1)]
-    cases = [left(*c) for c in d.cases(visible + ([([0], 1, 1), ([5, 0], 9, 3), ([0, 0, 2, 7], 8, 8)]
-                                                  if d.hidden else []), drawn, 3)]
+    hidden = [([0], 1, 1), ([5, 0], 9, 3), ([0, 0, 2, 7], 8, 8)] if d.hidden else []
+    cases = [left(*c) for c in d.cases(visible + hidden, drawn, 3)]
     if d.hidden:
-        middle = torch.tensor([[True, False, True, True, False, True], [False, True, True, False, True, True]])
-        cases.append((middle, 4, "padding in the middle of the sequences"))
-        for _ in range(2):
-            B, k_len = d.rng.randrange(1, 4), d.rng.randrange(3, 12)
+        cases.append((torch.tensor([[True, False, True, True, False, True], [False, True, True, False, True, True]]),
+                      4, "padding in the middle of the sequences"))
+        for B, k_len in ((d.rng.randrange(1, 4), d.rng.randrange(3, 12)) for _ in range(2)):
             cases.append((d.uniform(0, 1, B, k_len) > 0.3, d.rng.randrange(1, k_len + 1), "padding at random places"))
     return cases
 
@@ -499,10 +452,9 @@ def check_decoder_mask(decoder_mask, hidden: bool = False) -> None:
         expect(isinstance(got, torch.Tensor) and got.dtype == torch.bool,
                f"{label} should return a bool tensor, got {getattr(got, 'dtype', type(got).__name__)}.",
                "combine comparisons of positions with & so that the result stays boolean.")
-        expect(tuple(got.shape) != (B, q_len, k_len) or (B, q_len) == (1, 1),
-               f"{label} has shape {tuple(got.shape)}, expected {(B, 1, q_len, k_len)}.",
-               "the mask needs a head axis of size 1, (B, 1, q_len, k_len), so that it broadcasts against "
-               "scores of shape (B, n_heads, q_len, k_len).")
+        expect(tuple(got.shape) != (B, q_len, k_len) or (B, q_len) == (1, 1), f"{label} has shape "
+               f"{tuple(got.shape)}, expected {(B, 1, q_len, k_len)}.", "the mask needs a head axis of size 1, "
+               "(B, 1, q_len, k_len), so that it broadcasts against scores of shape (B, n_heads, q_len, k_len).")
         expect_tensor(got, (B, 1, q_len, k_len), label)
         compare(got, _decoder_mask_oracle(real, q_len), label,
                 "True where key j is real and j <= k_len - q_len + i (query i's position), for every sequence.",
@@ -512,61 +464,46 @@ def check_decoder_mask(decoder_mask, hidden: bool = False) -> None:
 # ----------------------------------------------------------------------------- exercise 4
 
 
-def _linear_params(layer: nn.Linear) -> tuple[torch.Tensor, torch.Tensor | None]:
-    return layer.weight.detach().to(torch.float64), None if layer.bias is None else layer.bias.detach().to(torch.float64)
+def _forward(module, x, mask=None):
+    with forbid(*_SDPA, exercise="MultiHeadAttention"):
+        return call(module, *_copies(x), **({} if mask is None else {"mask": mask.clone()}),
+                    name="MultiHeadAttention.forward")
 
 
-def _lin(x, params):
-    w, b = params
-    y = x @ w.T
-    return y if b is None else y + b
-
-
-def _forward(module, x, mask=None, *, name: str):
-    with forbid(*_SDPA, exercise=name):
-        return call(module, *_copies(x), **({} if mask is None else {"mask": mask.clone()}), name=f"{name}.forward")
-
-
-def _check_linear(module, attr: str, d_in: int, d_out: int, bias: bool, cls: str) -> nn.Linear:
+def _check_linear(module, attr: str, d_in: int, d_out: int, bias: bool) -> None:
     layer = getattr(module, attr, None)
-    expect(isinstance(layer, nn.Linear), f"{cls} needs an nn.Linear attribute `{attr}`.",
+    expect(isinstance(layer, nn.Linear), f"MultiHeadAttention needs an nn.Linear attribute `{attr}`.",
            f"create self.{attr} = nn.Linear(...) in __init__ with exactly this name: the tests copy weights into it.")
     expect(tuple(layer.weight.shape) == (d_out, d_in),
-           f"{cls}.{attr}.weight has shape {tuple(layer.weight.shape)}, expected {(d_out, d_in)}.",
+           f"MultiHeadAttention.{attr}.weight has shape {tuple(layer.weight.shape)}, expected {(d_out, d_in)}.",
            f"{attr} maps {d_in} features to {d_out}: nn.Linear({d_in}, {d_out}).")
-    expect((layer.bias is not None) == bias, f"{cls}.{attr} should {'have' if bias else 'not have'} a bias.",
-           "pass bias=bias to every nn.Linear.")
-    return layer
+    expect((layer.bias is not None) == bias, f"MultiHeadAttention.{attr} should {'have' if bias else 'not have'} a "
+           "bias.", "pass bias=bias to every nn.Linear.")
 
 
 def _mha_layout_ref(params, x, mask, n_heads, layout="per_head", split="transpose", merge=True, scale="d_head",
-                    out_proj=True, use_mask=True, zero_masked=True):
-    """Multi-head self-attention in float64 from the module's own fused weights ``params`` (those of
-    qkv and out_proj); keyword arguments reproduce common bugs for diagnosis."""
+                    out_proj=True, use_mask=True):
+    """Multi-head self-attention in float64 from the layer's own fused weights ``params`` (the weight and
+    bias of qkv, then of out_proj); keyword arguments reproduce common bugs."""
     x = x.detach().to(torch.float64)
     B, T, d_model = x.shape
     d_head = d_model // n_heads
-    y = _lin(x, params[0])                                               # (B, T, 3 d_model)
+    y = F.linear(x, *params[:2])                                         # (B, T, 3 d_model)
     if layout == "per_head":
         parts = y.view(B, T, n_heads, 3, d_head).unbind(3)               # each (B, T, n_heads, d_head)
     elif layout == "chunks":
         parts = [t.view(B, T, n_heads, d_head) for t in y.split(d_model, dim=-1)]
     else:  # "interleaved": q, k, v alternate feature by feature
         parts = y.view(B, T, n_heads, d_head, 3).unbind(4)
-    if split == "transpose":
-        q, k, v = (t.transpose(1, 2) for t in parts)
-    else:
-        q, k, v = (t.reshape(B, n_heads, T, d_head) for t in parts)
+    q, k, v = (t.transpose(1, 2) if split == "transpose" else t.reshape(B, n_heads, T, d_head) for t in parts)
     scores = q @ k.transpose(-2, -1) / math.sqrt(d_head if scale == "d_head" else d_model)
     mask = mask if use_mask else None
     if mask is not None:
         scores = scores.masked_fill(~mask, torch.finfo(torch.float64).min)
     weights = torch.softmax(scores, dim=-1)
-    if mask is not None and zero_masked:
-        weights = weights.masked_fill(~mask, 0.0)
-    out = weights @ v                                                    # (B, n_heads, T, d_head)
+    out = (weights if mask is None else weights.masked_fill(~mask, 0.0)) @ v      # (B, n_heads, T, d_head)
     out = out.transpose(1, 2).reshape(B, T, d_model) if merge else out.reshape(B, T, d_model)
-    return _lin(out, params[1]) if out_proj else out
+    return F.linear(out, *params[2:]) if out_proj else out
 
 
 _MHA_HINT = ("view qkv(x) as (B, T, n_heads, 3, d_head), take q, k, v and move the head axis before the sequence "
@@ -584,9 +521,9 @@ def _mha_variants(params, x, mask, n_heads) -> list:
          "head, its query, key and value next to each other: view the output as (B, T, n_heads, 3, d_head)."),
         (ref(layout="interleaved"), "q, k and v were taken feature by feature (view (..., d_head, 3)); each head "
          "holds three blocks of d_head consecutive features: view (B, T, n_heads, 3, d_head)."),
-        (ref(split="reshape"), "the heads were split in the wrong order: after taking q, k and v as "
-         "(B, T, n_heads, d_head), transpose(1, 2) to (B, n_heads, T, d_head); a reshape straight to "
-         "(B, n_heads, T, d_head) mixes positions and features across heads."),
+        (ref(split="reshape"), "the heads were split in the wrong order: after taking q, k and v as (B, T, n_heads, "
+         "d_head), transpose(1, 2) to (B, n_heads, T, d_head); a reshape straight to (B, n_heads, T, d_head) mixes "
+         "positions and features across heads."),
         (ref(merge=False), "the heads were merged in the wrong order: transpose (B, n_heads, T, d_head) back to "
          "(B, T, n_heads, d_head) before reshape(B, T, d_model)."),
         (ref(scale="d_model"), "the scores were divided by sqrt(d_model); each head has d_head = d_model // n_heads "
@@ -597,35 +534,21 @@ def _mha_variants(params, x, mask, n_heads) -> list:
     ]
 
 
-def _reference_mha(d, d_model: int, n_heads: int, bias: bool, dtype: torch.dtype) -> nn.MultiheadAttention:
-    """nn.MultiheadAttention with weights and biases drawn from ``d`` (its own init is overwritten)."""
-    ref = nn.MultiheadAttention(d_model, n_heads, bias=bias, batch_first=True)
+def _reference_layer(module, d, d_model: int, n_heads: int, bias: bool, dtype: torch.dtype) -> nn.MultiheadAttention:
+    """nn.MultiheadAttention with weights drawn from ``d``, copied into ``module``: its [q | k | v] rows
+    reordered into the per-head layout [q_h, k_h, v_h] of the layer's qkv."""
+    ref = nn.MultiheadAttention(d_model, n_heads, bias=bias, batch_first=True)    # its own init is overwritten
+    per_head = lambda t: t.view(3, n_heads, -1).transpose(0, 1).reshape(t.shape)  # noqa: E731
     with torch.no_grad():
         for p in ref.parameters():
             p.copy_(d.uniform(-1, 1, *p.shape) / math.sqrt(d_model))
-    return ref.to(dtype)
-
-
-def _copy_into_fused(module, ref: nn.MultiheadAttention, d_model: int, n_heads: int) -> None:
-    """nn.MultiheadAttention's [q | k | v] rows, reordered into the per-head layout [q_h, k_h, v_h]."""
-    d_head = d_model // n_heads
-    with torch.no_grad():
-        module.qkv.weight.copy_(ref.in_proj_weight.view(3, n_heads, d_head, d_model).transpose(0, 1)
-                                .reshape(3 * d_model, d_model))
-        if ref.in_proj_bias is not None:
-            module.qkv.bias.copy_(ref.in_proj_bias.view(3, n_heads, d_head).transpose(0, 1).reshape(3 * d_model))
+        module.qkv.weight.copy_(per_head(ref.in_proj_weight))
         module.out_proj.weight.copy_(ref.out_proj.weight)
-        if ref.out_proj.bias is not None:
+        if bias:
+            module.qkv.bias.copy_(per_head(ref.in_proj_bias))
             module.out_proj.bias.copy_(ref.out_proj.bias)
-
-
-def _causality(module, x, mask, d, t: int) -> None:
-    x2 = x.clone()
-    x2[:, t:] += d.randn(*x2[:, t:].shape, dtype=x.dtype)
-    y1, y2 = _forward(module, x, mask, name="MultiHeadAttention"), _forward(module, x2, mask, name="MultiHeadAttention")
-    expect(matches(y2[:, :t], y1[:, :t]), f"MultiHeadAttention with a causal mask is not causal: changing tokens from "
-           f"position {t} on changed the outputs at positions before {t}.", "pass the mask down to the attention of "
-           "every head, so that query i only sees keys j <= i; do not mix positions anywhere else.")
+    module.to(dtype)
+    return ref.to(dtype)
 
 
 def _check_blind_query(module, params, x, causal, n_heads: int, cfg: str, hidden: bool) -> None:
@@ -637,32 +560,26 @@ def _check_blind_query(module, params, x, causal, n_heads: int, cfg: str, hidden
     if hidden:
         blind = blind.expand(B, n_heads, T, T).clone()
         blind[-1, -1, T - 1, :] = False
-    y = _forward(module, x, blind, name="MultiHeadAttention")
+    y = _forward(module, x, blind)
     what = (f"with a {'per-head ' if hidden else ''}causal mask of shape {tuple(blind.shape)} in which query 1 "
             f"of sequence 0 sees no key ({cfg})")
     expect_tensor(y, (B, T, d_model), f"MultiHeadAttention output {what}")
-    expect(bool(torch.isfinite(y).all()), f"MultiHeadAttention {what} gave NaN.",
-           "a query that may see no key must get a zero output from every head: call your "
-           "scaled_dot_product_attention from exercise 2, which returns zeros for such rows.")
+    expect(bool(torch.isfinite(y).all()), f"MultiHeadAttention {what} gave NaN.", "a query that may see no key must "
+           "get a zero output from every head: call your scaled_dot_product_attention from exercise 2, which returns "
+           "zeros for such rows.")
     want = _mha_layout_ref(params, x, blind, n_heads).to(x.dtype)
     seen = blind.any(dim=-1).all(dim=1)                         # (B, T): queries that see a key in every head
     compare(y, want, f"MultiHeadAttention {what}", _MHA_HINT, variants=[
-        (when(lambda got: matches(got[seen], want[seen])),
-         "a query that may see no key must get a zero output from that head, not an average of the values: "
-         "after the softmax, the weights of masked keys must be 0 (your scaled_dot_product_attention from "
-         "exercise 2 does this). The head split, the merge and out_proj are right."),
+        (when(lambda got: matches(got[seen], want[seen])), "a query that may see no key must get a zero output from "
+         "that head, not an average of the values: after the softmax, the weights of masked keys must be 0 (your "
+         "scaled_dot_product_attention from exercise 2 does this). The head split, the merge and out_proj are right."),
         *_mha_variants(params, x, blind, n_heads)])
 
 
+@_one_thread
 def check_multi_head_attention(MultiHeadAttention, scaled_dot_product_attention=None, hidden: bool = False) -> None:
     """scaled_dot_product_attention, when given, is the exercise 2 answer the layer may call: a
     failure it causes is blamed on it."""
-    with _blame_attention_answer("MultiHeadAttention", scaled_dot_product_attention):
-        _check_multi_head_attention(MultiHeadAttention, hidden)
-
-
-@_one_thread
-def _check_multi_head_attention(MultiHeadAttention, hidden: bool) -> None:
     def drawn(d):
         n_heads = d.rng.randrange(1, 7)
         return n_heads * d.rng.randrange(1, 9), n_heads, d.rng.random() < 0.5, d.rng.choice([torch.float32, torch.float64])
@@ -670,45 +587,44 @@ def _check_multi_head_attention(MultiHeadAttention, hidden: bool) -> None:
     d = draw("multi_head_attention", hidden)
     configs = [(16, 4, True, torch.float32), (12, 3, False, torch.float32), (8, 2, True, torch.float64)]
     configs += [(24, 8, True, torch.float64), (10, 1, True, torch.float32), (8, 8, False, torch.float64)] if hidden else []
-    for d_model, n_heads, bias, dtype in d.cases(configs, drawn, 2):
-        module = call(MultiHeadAttention, d_model, n_heads, bias=bias, name="MultiHeadAttention(...)")
-        for name, sub in module.named_modules():
-            expect(not isinstance(sub, nn.MultiheadAttention), f"MultiHeadAttention contains an "
-                   f"nn.MultiheadAttention ({name or 'the module itself'}).", "this exercise asks you to build the "
-                   "layer from four nn.Linear layers; nn.MultiheadAttention is the oracle the tests compare against.")
-        _check_linear(module, "qkv", d_model, 3 * d_model, bias, "MultiHeadAttention")
-        _check_linear(module, "out_proj", d_model, d_model, bias, "MultiHeadAttention")
-        ref = _reference_mha(d, d_model, n_heads, bias, dtype)
-        _copy_into_fused(module, ref, d_model, n_heads)
-        module.to(dtype)
-        params = (_linear_params(module.qkv), _linear_params(module.out_proj))
-        B, T = (d.rng.randrange(2, 4), d.rng.randrange(4, 9)) if hidden else (2, 5)
-        x = d.randn(B, T, d_model, dtype=dtype)
-        cfg = f"d_model={d_model}, n_heads={n_heads}, bias={bias}, {str(dtype)[6:]}"
-        y = _forward(module, x, name="MultiHeadAttention")
-        expect_tensor(y, (B, T, d_model), f"MultiHeadAttention output ({cfg})")
-        expect(y.dtype == dtype, f"MultiHeadAttention ({cfg}) returned {y.dtype}.", "keep the dtype of x.")
-        causal = torch.ones(T, T, dtype=torch.bool).tril().view(1, 1, T, T)
-        with torch.no_grad():
-            want, want_causal = (ref(x, x, x, attn_mask=m, need_weights=False)[0] for m in (None, ~causal[0, 0]))
-        compare(y, want, f"self-attention output ({cfg}, input (B, T) = {(B, T)}) against nn.MultiheadAttention with "
-                "the same weights", _MHA_HINT, variants=_mha_variants(params, x, None, n_heads))
-        compare(_forward(module, x, causal, name="MultiHeadAttention"), want_causal, f"causal self-attention ({cfg}, "
-                f"T={T}) against nn.MultiheadAttention with the same weights and mask", _MHA_HINT,
-                variants=_mha_variants(params, x, causal, n_heads))
-        _causality(module, x, causal, d, t=3)
-        _check_blind_query(module, params, x, causal, n_heads, cfg, hidden)
-    _check_divisibility(MultiHeadAttention)
-
-
-def _check_divisibility(MultiHeadAttention) -> None:
+    with _blame_attention_answer("MultiHeadAttention", scaled_dot_product_attention):
+        for d_model, n_heads, bias, dtype in d.cases(configs, drawn, 2):
+            module = call(MultiHeadAttention, d_model, n_heads, bias=bias, name="MultiHeadAttention(...)")
+            for name, sub in module.named_modules():
+                expect(not isinstance(sub, nn.MultiheadAttention), f"MultiHeadAttention contains an "
+                       f"nn.MultiheadAttention ({name or 'the module itself'}).", "this exercise asks you to build the "
+                       "layer from four nn.Linear layers; nn.MultiheadAttention is the oracle the tests compare against.")
+            _check_linear(module, "qkv", d_model, 3 * d_model, bias)
+            _check_linear(module, "out_proj", d_model, d_model, bias)
+            ref = _reference_layer(module, d, d_model, n_heads, bias, dtype)
+            params = [None if p is None else p.detach().double() for layer in (module.qkv, module.out_proj)
+                      for p in (layer.weight, layer.bias)]
+            B, T = (d.rng.randrange(2, 4), d.rng.randrange(4, 9)) if hidden else (2, 5)
+            x = d.randn(B, T, d_model, dtype=dtype)
+            cfg = f"d_model={d_model}, n_heads={n_heads}, bias={bias}, {str(dtype)[6:]}"
+            y = _forward(module, x)
+            expect_tensor(y, (B, T, d_model), f"MultiHeadAttention output ({cfg})")
+            expect(y.dtype == dtype, f"MultiHeadAttention ({cfg}) returned {y.dtype}.", "keep the dtype of x.")
+            causal = torch.ones(T, T, dtype=torch.bool).tril().view(1, 1, T, T)
+            with torch.no_grad():
+                want, want_causal = (ref(x, x, x, attn_mask=m, need_weights=False)[0] for m in (None, ~causal[0, 0]))
+            compare(y, want, f"self-attention output ({cfg}, input (B, T) = {(B, T)}) against nn.MultiheadAttention "
+                    "with the same weights", _MHA_HINT, variants=_mha_variants(params, x, None, n_heads))
+            compare(_forward(module, x, causal), want_causal, f"causal self-attention ({cfg}, T={T}) against "
+                    "nn.MultiheadAttention with the same weights and mask", _MHA_HINT,
+                    variants=_mha_variants(params, x, causal, n_heads))
+            x2 = x.clone()                       # causality: later tokens change no earlier output
+            x2[:, 3:] += d.randn(B, T - 3, d_model, dtype=dtype)
+            expect(matches(_forward(module, x2, causal)[:, :3], _forward(module, x, causal)[:, :3]),
+                   "MultiHeadAttention with a causal mask is not causal: changing tokens from position 3 on changed "
+                   "the outputs at positions before 3.", "pass the mask down to the attention of every head, so "
+                   "that query i only sees keys j <= i; do not mix positions anywhere else.")
+            _check_blind_query(module, params, x, causal, n_heads, cfg, hidden)
     try:
         MultiHeadAttention(10, 3)
     except ValueError as err:
         expect("10" in str(err) and "3" in str(err), "the ValueError should name d_model and n_heads.",
                "say which sizes do not divide, e.g. f'd_model {d_model} is not divisible by n_heads {n_heads}'.")
-    except NotImplementedError:
-        raise
     else:
         fail("MultiHeadAttention(d_model=10, n_heads=3) did not raise ValueError.",
              "check d_model % n_heads == 0 in __init__ and raise ValueError naming both sizes.")
@@ -748,7 +664,7 @@ def _gqa_cases(d) -> list:
     return d.cases(cases, drawn, 3)
 
 
-def _gqa_mask(d, kind, B: int, H: int, T_q: int, T_k: int) -> torch.Tensor | None:
+def _gqa_mask(d, B: int, H: int, T_q: int, T_k: int, kind: str | None) -> torch.Tensor | None:
     if kind == "causal":                                 # the queries are the last T_q positions
         return (torch.arange(T_k)[None, :] <= torch.arange(T_k - T_q, T_k)[:, None]).view(1, 1, T_q, T_k)
     if kind == "padding":
@@ -763,52 +679,48 @@ def _gqa_mask(d, kind, B: int, H: int, T_q: int, T_k: int) -> torch.Tensor | Non
     return None
 
 
+@_one_thread
 def check_grouped_query_attention(grouped_query_attention, scaled_dot_product_attention=None,
                                   hidden: bool = False) -> None:
     """scaled_dot_product_attention, when given, is the exercise 2 answer it may call: a failure it
     causes is blamed on it."""
-    with _blame_attention_answer("grouped_query_attention", scaled_dot_product_attention):
-        _check_grouped_query_attention(grouped_query_attention, hidden)
-
-
-@_one_thread
-def _check_grouped_query_attention(grouped_query_attention, hidden: bool) -> None:
     d = draw("grouped_query_attention", hidden)
-    for B, H, n_kv, T_q, T_k, dh, kind, dtype in _gqa_cases(d):
-        q, k, v = d.randn(B, H, T_q, dh, dtype=dtype), d.randn(B, n_kv, T_k, dh, dtype=dtype), d.randn(B, n_kv, T_k, dh, dtype=dtype)
-        mask = _gqa_mask(d, kind, B, H, T_q, T_k)
-        label = (f"grouped_query_attention with n_heads={H}, n_kv_heads={n_kv}, B={B}, T_q={T_q}, T_k={T_k}, "
-                 f"d_head={dh}, {str(dtype)[6:]}, "
-                 + ("no mask" if mask is None else f"a {kind.replace('_', '-')} mask {tuple(mask.shape)}"))
-        largest = _LargestTensor()
-        with forbid(*_SDPA, exercise="grouped-query attention"), largest:
-            got = call(grouped_query_attention, *_copies(q, k, v, mask), name="grouped_query_attention")
-        expect_tensor(got, (B, H, T_q, dh), label)
-        expect(got.dtype == dtype, f"{label} returned {got.dtype}.", "keep the dtype of q.")
-        ref = lambda m=mask, **kw: lambda: _gqa_ref(q, k, v, m, **kw).to(dtype)  # noqa: E731
-        compare(got, ref()(), label, "out[:, h] = softmax(q[:, h] @ k[:, h // group]^T / sqrt(d_head), masked) @ "
-                "v[:, h // group], with the mask of head h.", variants=[
-                    (ref(grouping="tile"), "query head h must use key/value head h // group (heads 0 .. group-1 "
-                     "share kv head 0): the heads were grouped as h % n_kv_heads. The head axis of q splits as "
-                     "(n_kv_heads, group), kv head first, not (group, n_kv_heads)."),
-                    (ref(mask_grouping="tile") if mask is not None else None, "the queries are grouped right but the "
-                     "per-head mask is not: regroup its head axis exactly as the queries' (kv head first, then the "
-                     "group), after expanding it to (B, n_heads, T_q, T_k)."),
-                    (ref(None) if mask is not None else None,
-                     "the mask was ignored: pass it, regrouped like the queries, to the attention.")])
-        expanded = B * H * T_k * dh * q.element_size()
-        expect(n_kv == H or largest.nbytes < expanded,
-               f"{label} created a tensor of {largest.nbytes:,} bytes (in {largest.op}), as large as the keys "
-               f"expanded to all {H} query heads ({expanded:,} bytes).",
-               "expanding the keys and values to n_heads copies them (repeat_interleave, expand followed by "
-               "reshape, or a matmul that broadcasts k over a group axis, which expands it internally): during "
-               "generation that is a copy of the whole cache at every step. Move the group into the query axis "
-               "instead, so that each key matrix is multiplied once: q as (B, n_kv_heads, group * T_q, d_head), "
-               "the mask regrouped the same way.")
+    with _blame_attention_answer("grouped_query_attention", scaled_dot_product_attention):
+        for B, H, n_kv, T_q, T_k, dh, kind, dtype in _gqa_cases(d):
+            mask = _gqa_mask(d, B, H, T_q, T_k, kind)
+            q, k, v = (d.randn(B, n, T, dh, dtype=dtype) for n, T in ((H, T_q), (n_kv, T_k), (n_kv, T_k)))
+            label = (f"grouped_query_attention with n_heads={H}, n_kv_heads={n_kv}, B={B}, T_q={T_q}, T_k={T_k}, "
+                     f"d_head={dh}, {str(dtype)[6:]}, " + ("no mask" if mask is None else f"a {kind.replace('_', '-')} mask {tuple(mask.shape)}"))
+            largest = _LargestTensor()
+            with forbid(*_SDPA, exercise="grouped-query attention"), largest:
+                got = call(grouped_query_attention, *_copies(q, k, v, mask), name="grouped_query_attention")
+            expect_tensor(got, (B, H, T_q, dh), label)
+            expect(got.dtype == dtype, f"{label} returned {got.dtype}.", "keep the dtype of q.")
+            ref = lambda m=mask, **kw: lambda: _gqa_ref(q, k, v, m, **kw).to(dtype)  # noqa: E731
+            compare(got, ref()(), label, "out[:, h] = softmax(q[:, h] @ k[:, h // group]^T / sqrt(d_head), masked) @ "
+                    "v[:, h // group], with the mask of head h.", variants=[
+                        (ref(grouping="tile"), "query head h must use key/value head h // group (heads 0 .. group-1 "
+                         "share kv head 0): the heads were grouped as h % n_kv_heads. The head axis of q splits as "
+                         "(n_kv_heads, group), kv head first, not (group, n_kv_heads)."),
+                        (ref(mask_grouping="tile") if mask is not None else None, "the queries are grouped right but "
+                         "the per-head mask is not: regroup its head axis exactly as the queries' (kv head first, then "
+                         "the group), after expanding it to (B, n_heads, T_q, T_k)."),
+                        (ref(None) if mask is not None else None,
+                         "the mask was ignored: pass it, regrouped like the queries, to the attention.")])
+            expanded = B * H * T_k * dh * q.element_size()
+            expect(n_kv == H or largest.nbytes < expanded, f"{label} created a tensor of {largest.nbytes:,} bytes "
+                   f"(in {largest.op}), as large as the keys expanded to all {H} query heads ({expanded:,} bytes).",
+                   "expanding the keys and values to n_heads copies them (repeat_interleave, expand followed by "
+                   "reshape, or a matmul that broadcasts k over a group axis, which expands it internally): during "
+                   "generation that is a copy of the whole cache at every step. Move the group into the query axis "
+                   "instead, so that each key matrix is multiplied once: q as (B, n_kv_heads, group * T_q, d_head), "
+                   "the mask regrouped the same way.")
 
 # ----------------------------------------------------------------------------- exercise 6
 
 ENTROPY_ANSWER = math.log(512)
+_ROUNDED_HINT = ("a rounded decimal (or a value read off a measurement) is not the prediction: return the arithmetic "
+                 "that gives it, as a Python expression (math.log(...) and the like), exact to float precision.")
 
 
 def _entropy_oracle(scores, mask=None, temperature=1.0, base=math.e, ignore_mask=False, multiply=False):
@@ -817,10 +729,8 @@ def _entropy_oracle(scores, mask=None, temperature=1.0, base=math.e, ignore_mask
     if mask is not None and not ignore_mask:
         s = s.masked_fill(~mask, float("-inf"))
     logp = torch.log_softmax(s, dim=-1)
-    p = logp.exp()
-    h = torch.where(p > 0, -p * logp, torch.zeros_like(p)).sum(dim=-1)
-    h = torch.nan_to_num(h, nan=0.0)             # a row with no allowed key has entropy 0
-    return h / math.log(base)
+    h = torch.where(logp.exp() > 0, -logp.exp() * logp, torch.zeros_like(logp)).sum(dim=-1)
+    return torch.nan_to_num(h, nan=0.0) / math.log(base)            # a row with no allowed key has entropy 0
 
 
 def entropy_prediction_passes(predicted_entropy) -> bool:
@@ -853,10 +763,6 @@ def _check_entropy_prediction(predicted_entropy) -> None:
                               "outcomes is ln(n) nats.")
 
 
-_ROUNDED_HINT = ("a rounded decimal (or a value read off a measurement) is not the prediction: return the arithmetic "
-                 "that gives it, as a Python expression (math.log(...) and the like), exact to float precision.")
-
-
 def _entropy_cases(d) -> list:
     """(scores, mask, temperature, what): masks with an empty row, tiny and large temperatures, float64."""
     def drawn(d):
@@ -868,24 +774,19 @@ def _entropy_cases(d) -> list:
         return ((d.randn(*shape) * 3).to(dtype), mask, temperature, f"{str(dtype)[6:]} scores {shape}, "
                 f"{'a mask, ' if mask is not None else ''}temperature {temperature:.3g}")
 
-    causal = torch.ones(6, 6, dtype=torch.bool).tril()
-    blind = d.uniform(0, 1, 3, 5) > 0.3
-    blind[1] = False
-    blind[0, 0] = True
-    cases = [(torch.zeros(1, 4), None, 1.0, "equal scores over 4 keys"),
-             (d.randn(2, 3, 5) * 2, None, 1.0, "random scores (2, 3, 5), temperature 1"),
-             (d.randn(6, 6) * 3, causal, 0.5, "random scores (6, 6) with a causal mask, temperature 0.5"),
-             (d.randn(2, 4) * 10, None, 1e-3, "distinct scores at temperature 1e-3 (every weight but one underflows "
-                                              "to 0)"),
-             (d.randn(3, 5), blind, 2.0, "a (3, 5) mask whose second row is all False, temperature 2"),
-             (d.randn(2, 6, dtype=torch.float64) * 4, causal[-2:], 0.7,
-              "float64 scores (2, 6) with the last two rows of a causal mask, temperature 0.7")]
-    if d.hidden:
-        cases += [(d.randn(4, 7, dtype=torch.float64) * 5, None, 3.0, "float64 scores (4, 7)"),
-                  (d.randn(2, 2, 6, 6, dtype=torch.float64), causal, 1e-4,
-                   "float64 scores (2, 2, 6, 6), causal mask, temperature 1e-4"),
-                  (d.randn(1, 8) + 500.0, None, 1.0, "scores around 500")]
-    return d.cases(cases, drawn, 3)
+    causal, blind = torch.ones(6, 6, dtype=torch.bool).tril(), d.uniform(0, 1, 3, 5) > 0.3
+    blind[1], blind[0, 0] = False, True
+    hidden = [(d.randn(4, 7, dtype=torch.float64) * 5, None, 3.0, "float64 scores (4, 7)"),
+              (d.randn(2, 2, 6, 6, dtype=torch.float64), causal, 1e-4, "float64 scores (2, 2, 6, 6), causal mask, "
+               "temperature 1e-4"), (d.randn(1, 8) + 500.0, None, 1.0, "scores around 500")] if d.hidden else []
+    return d.cases([
+        (torch.zeros(1, 4), None, 1.0, "equal scores over 4 keys"),
+        (d.randn(2, 3, 5) * 2, None, 1.0, "random scores (2, 3, 5), temperature 1"),
+        (d.randn(6, 6) * 3, causal, 0.5, "random scores (6, 6) with a causal mask, temperature 0.5"),
+        (d.randn(2, 4) * 10, None, 1e-3, "distinct scores at temperature 1e-3 (every weight but one underflows to 0)"),
+        (d.randn(3, 5), blind, 2.0, "a (3, 5) mask whose second row is all False, temperature 2"),
+        (d.randn(2, 6, dtype=torch.float64) * 4, causal[-2:], 0.7,
+         "float64 scores (2, 6) with the last two rows of a causal mask, temperature 0.7")] + hidden, drawn, 3)
 
 
 def _entropy_variants(scores, mask, temperature, want: torch.Tensor) -> list:
@@ -923,8 +824,7 @@ def _entropy_variants(scores, mask, temperature, want: torch.Tensor) -> list:
 def check_attention_entropy(predicted_entropy, attention_entropy, hidden: bool = False) -> None:
     _check_entropy_prediction(predicted_entropy)
     for scores, mask, temperature, what in _entropy_cases(draw("attention_entropy", hidden)):
-        label = f"attention_entropy of {what}"
-        given, given_mask = _copies(scores, mask)
+        label, (given, given_mask) = f"attention_entropy of {what}", _copies(scores, mask)
         got = call(attention_entropy, given, given_mask, temperature, name="attention_entropy")
         expect(torch.equal(given, scores), f"{label} changed the scores in place.", "build new tensors.")
         expect_tensor(got, tuple(scores.shape[:-1]), label)
@@ -938,24 +838,16 @@ def check_attention_entropy(predicted_entropy, attention_entropy, hidden: bool =
 # ----------------------------------------------------------------------------- exercise 7
 
 
-def _window_mask(T: int, window: int, extra: int = 0) -> torch.Tensor:
-    i, j = torch.arange(T).view(-1, 1), torch.arange(T).view(1, -1)
-    return (j <= i) & (i - j < window + extra)
-
-
-def _window_unmasked_padding(q, k, v, window):
-    """The common bug: zero keys padded before the sequence take part in the softmax."""
+def _window_ref(q, k, v, window: int, extra: int = 0, scale: str = "sqrt", padded: bool = False) -> torch.Tensor:
+    """Each query attends to its last ``window + extra`` keys (float64); ``padded``: the common bug of
+    zero keys padded before the sequence that take part in the softmax."""
+    if not padded:
+        i, j = torch.arange(q.shape[-2]).view(-1, 1), torch.arange(k.shape[-2]).view(1, -1)
+        return _attention_ref(q, k, v, (j <= i) & (i - j < window + extra), scale=scale)[0]
     q, k, v = (t.detach().to(torch.float64) for t in (q, k, v))
-    kp = F.pad(k, (0, 0, window - 1, 0)).unfold(-2, window, 1)          # (..., T, d, window)
-    vp = F.pad(v, (0, 0, window - 1, 0)).unfold(-2, window, 1)
-    s = (q.unsqueeze(-2) @ kp).squeeze(-2) / math.sqrt(q.shape[-1])   # (..., T, window)
+    kp, vp = (F.pad(t, (0, 0, window - 1, 0)).unfold(-2, window, 1) for t in (k, v))    # (..., T, d, window)
+    s = (q.unsqueeze(-2) @ kp).squeeze(-2) / math.sqrt(q.shape[-1])                      # (..., T, window)
     return (torch.softmax(s, -1).unsqueeze(-2) @ vp.transpose(-2, -1)).squeeze(-2)
-
-
-def check_sliding_window_attention(sliding_window_attention, scaled_dot_product_attention=None,
-                                   hidden: bool = False) -> None:
-    with _blame_attention_answer("sliding_window_attention", scaled_dot_product_attention):
-        _check_sliding_window_attention(sliding_window_attention, hidden)
 
 
 def _window_cases(d) -> list:
@@ -965,44 +857,41 @@ def _window_cases(d) -> list:
         return ((*(d.rng.randrange(1, 3) for _ in range(d.rng.randrange(1, 3))),), T, d.rng.randrange(1, 7),
                 d.rng.randrange(1, 7), d.rng.randrange(1, max(2, T // 4)), d.rng.choice([torch.float32, torch.float64]))
 
-    cases = [((2,), 48, 4, 3, 4, torch.float32), ((1, 2), 40, 6, 6, 5, torch.float32), ((2,), 5, 3, 2, 8, torch.float32),
-             ((1,), 24, 4, 3, 3, torch.float64)]
-    if d.hidden:
-        cases += [((1,), 64, 4, 4, 1, torch.float32), ((2,), 30, 8, 2, 30, torch.float64),
-                  ((3,), 7, 2, 3, 12, torch.float32)]
-    return d.cases(cases, drawn, 3)
+    f32, f64 = torch.float32, torch.float64
+    hidden = [((1,), 64, 4, 4, 1, f32), ((2,), 30, 8, 2, 30, f64), ((3,), 7, 2, 3, 12, f32)] if d.hidden else []
+    return d.cases([((2,), 48, 4, 3, 4, f32), ((1, 2), 40, 6, 6, 5, f32), ((2,), 5, 3, 2, 8, f32),
+                    ((1,), 24, 4, 3, 3, f64)] + hidden, drawn, 3)
 
 
 @_one_thread
-def _check_sliding_window_attention(sliding_window_attention, hidden: bool) -> None:
+def check_sliding_window_attention(sliding_window_attention, scaled_dot_product_attention=None,
+                                   hidden: bool = False) -> None:
     d = draw("sliding_window_attention", hidden)
-    for batch, T, d_k, d_v, window, dtype in _window_cases(d):
-        q, k = d.randn(*batch, T, d_k, dtype=dtype) * 1.5, d.randn(*batch, T, d_k, dtype=dtype) * 1.5
-        v = d.randn(*batch, T, d_v, dtype=dtype)
-        label = (f"sliding_window_attention(q, k, v, window={window}) for q {(*batch, T, d_k)}, d_v={d_v}, "
-                 f"{str(dtype)[6:]}")
-        largest = _LargestTensor()
-        with forbid(*_SDPA, exercise="sliding-window attention"), largest:
-            got = call(sliding_window_attention, *_copies(q, k, v), window, name="sliding_window_attention")
-        expect_tensor(got, (*batch, T, d_v), label)
-        expect(got.dtype == dtype, f"{label} returned {got.dtype}.", "keep the dtype of q.")
-        ref = lambda extra=0, **kw: lambda: _attention_ref(q, k, v, _window_mask(T, window, extra), **kw)[0].to(dtype)  # noqa: E731
-        compare(got, ref()(), label, "out_i = softmax over keys j in [i - window + 1, i] (j >= 0) of q_i . k_j / "
-                "sqrt(d_k), times v_j.", variants=[
-                    ((lambda: _window_unmasked_padding(q, k, v, window).to(dtype)) if window > 1 else None,
-                     f"the first {window - 1} queries have fewer than window keys before them: the padding positions "
-                     "you added before the sequence must be masked, or their zero keys take part in the softmax (a "
-                     "score of 0 is not a weight of 0)."),
-                    (ref(1), f"off by one: each query sees window = {window} keys, itself included (keys "
-                             "i - window + 1 .. i), not window + 1."),
-                    (ref(-1) if window > 1 else None, f"off by one: each query sees window = {window} keys, itself "
-                                                      "included (keys i - window + 1 .. i), not window - 1."),
-                    (ref(scale="none"), "the scores were not scaled: divide them by sqrt(d_k).")])
-        expect(2 * window * max(d_k, d_v, 1) >= T or largest.nbytes < math.prod(batch) * T * T * q.element_size(),
-               _full_matrix_hint("sliding_window_attention", largest, T, T),
-               f"sliding-window attention needs only (T, window) = ({T}, {window}) scores: gather, for each query, "
-               "its window of keys (pad window - 1 positions before the sequence, then unfold), never the (T, T) "
-               "matrix.")
+    with _blame_attention_answer("sliding_window_attention", scaled_dot_product_attention):
+        for batch, T, d_k, d_v, window, dtype in _window_cases(d):
+            q, k, v = (d.randn(*batch, T, n, dtype=dtype) * s for n, s in ((d_k, 1.5), (d_k, 1.5), (d_v, 1.0)))
+            label = (f"sliding_window_attention(q, k, v, window={window}) for q {(*batch, T, d_k)}, d_v={d_v}, "
+                     f"{str(dtype)[6:]}")
+            largest = _LargestTensor()
+            with forbid(*_SDPA, exercise="sliding-window attention"), largest:
+                got = call(sliding_window_attention, *_copies(q, k, v), window, name="sliding_window_attention")
+            expect_tensor(got, (*batch, T, d_v), label)
+            expect(got.dtype == dtype, f"{label} returned {got.dtype}.", "keep the dtype of q.")
+            ref = lambda **kw: lambda: _window_ref(q, k, v, window, **kw).to(dtype)  # noqa: E731
+            compare(got, ref()(), label, "out_i = softmax over keys j in [i - window + 1, i] (j >= 0) of q_i . k_j / "
+                    "sqrt(d_k), times v_j.", variants=[
+                        (ref(padded=True) if window > 1 else None, f"the first {window - 1} queries have fewer than "
+                         "window keys before them: the padding positions you added before the sequence must be "
+                         "masked, or their zero keys take part in the softmax (a score of 0 is not a weight of 0)."),
+                        (ref(extra=1), f"off by one: each query sees window = {window} keys, itself included (keys "
+                         "i - window + 1 .. i), not window + 1."),
+                        (ref(extra=-1) if window > 1 else None, f"off by one: each query sees window = {window} keys, "
+                         "itself included (keys i - window + 1 .. i), not window - 1."),
+                        (ref(scale="none"), "the scores were not scaled: divide them by sqrt(d_k).")])
+            expect(2 * window * max(d_k, d_v, 1) >= T or largest.nbytes < math.prod(batch) * T * T * q.element_size(),
+                   _full_matrix_hint("sliding_window_attention", largest, T, T), "sliding-window attention needs only "
+                   f"(T, window) = ({T}, {window}) scores: gather, for each query, its window of keys (pad window - 1 "
+                   "positions before the sequence, then unfold), never the (T, T) matrix.")
 
 # ----------------------------------------------------------------------------- exercise 8
 
@@ -1012,37 +901,29 @@ def _linear_ref(q, k, v, causal=True, feature=lambda x: F.elu(x) + 1, normalise=
     """Linear attention in float64 by the quadratic form (only for the oracle). ``chunk`` with
     ``causal=False`` reproduces an answer whose chunks see their own future."""
     q, k, v = (t.detach().to(torch.float64) for t in (q, k, v))
-    if scale_q:
-        q = q / math.sqrt(q.shape[-1])
-    fq, fk = feature(q), feature(k)
+    fq, fk = feature(q / math.sqrt(q.shape[-1]) if scale_q else q), feature(k)
     a = fq @ fk.transpose(-2, -1)                     # (..., T, T)
-    T = a.shape[-1]
-    i, j = torch.arange(T).view(-1, 1), torch.arange(T).view(1, -1)
+    i, j = torch.arange(a.shape[-1]).view(-1, 1), torch.arange(a.shape[-1]).view(1, -1)
     if chunk is not None:
         a = a * ((j // chunk <= i // chunk) & ((j // chunk < i // chunk) | (j - i <= -diagonal) | (not causal)))
     elif causal:
         a = a * (j - i <= -diagonal)
-    out = a @ v
-    return out / a.sum(dim=-1, keepdim=True) if normalise else out
+    return a @ v / a.sum(dim=-1, keepdim=True) if normalise else a @ v
 
 
 def _matches_where_stable(got, q, k, v, variant: dict) -> bool:
     """got matches a variant of linear attention, or does on the rows whose normaliser is not near
     zero (phi = elu alone can make it vanish, and float32 and float64 then part ways)."""
     exact = _linear_ref(q, k, v, **variant)
-    want = exact.to(q.dtype)
-    if matches(got, want):
-        return True
-    if variant.get("feature") is None:
-        return False
-    den = _linear_ref(q, k, v, **{**variant, "normalise": False}) / exact        # (..., T, d_v): the normaliser
-    stable = (den.abs() > 0.5).all(dim=-1)
+    if (found := matches(got, exact.to(q.dtype))) or variant.get("feature") is None:
+        return found
+    stable = ((_linear_ref(q, k, v, **{**variant, "normalise": False}) / exact).abs() > 0.5).all(dim=-1)
     # Dividing by a normaliser down to 0.5 doubles float32's rounding of it, and more where it nears 0.5.
-    return bool(stable.float().mean() > 0.5) and matches(got.detach()[stable], want[stable], tol=(1e-3, 1e-3))
+    return bool(stable.float().mean() > 0.5) and matches(got.detach()[stable], exact[stable].to(q.dtype), tol=(1e-3, 1e-3))
 
 
 def _chunked_variants(C: int) -> list:
-    """(keyword arguments of the oracle, hint) for common bugs with chunks of ``C``."""
+    """(keyword arguments of _linear_ref, hint) for common bugs with chunks of ``C``."""
     return [
         (dict(chunk=C, causal=False), "inside a chunk every query saw the whole chunk, later keys included: the "
          "within-chunk part needs the causal mask (tril), and the running state must be updated only after the "
@@ -1067,29 +948,25 @@ def _chunked_cases(d) -> list:
         return ((*(d.rng.randrange(1, 3) for _ in range(d.rng.randrange(1, 3))),), T, d.rng.randrange(3, 9),
                 d.rng.randrange(3, 9), d.rng.randrange(2, max(3, T // 3)), d.rng.choice([torch.float32, torch.float64]))
 
-    cases = [((2,), 96, 6, 6, 16, torch.float32), ((1, 2), 50, 4, 5, 8, torch.float32), ((1,), 40, 4, 4, 8, torch.float64)]
-    if d.hidden:
-        cases += [((2,), 64, 8, 8, 1, torch.float64), ((1,), 40, 3, 4, 64, torch.float32),
-                  ((3,), 71, 5, 6, 10, torch.float64)]
-    return d.cases(cases, drawn, 3)
+    f32, f64 = torch.float32, torch.float64
+    hidden = [((2,), 64, 8, 8, 1, f64), ((1,), 40, 3, 4, 64, f32), ((3,), 71, 5, 6, 10, f64)] if d.hidden else []
+    return d.cases([((2,), 96, 6, 6, 16, f32), ((1, 2), 50, 4, 5, 8, f32), ((1,), 40, 4, 4, 8, f64)] + hidden, drawn, 3)
 
 
 @_one_thread
 def check_chunked_linear_attention(chunked_linear_attention, hidden: bool = False) -> None:
-    d = draw("chunked_linear_attention", hidden)
+    d, fn = draw("chunked_linear_attention", hidden), chunked_linear_attention
     for batch, T, d_k, d_v, C, dtype in _chunked_cases(d):
-        q, k, v = d.randn(*batch, T, d_k, dtype=dtype), d.randn(*batch, T, d_k, dtype=dtype), d.randn(*batch, T, d_v, dtype=dtype)
-        label = (f"chunked_linear_attention(q, k, v, chunk_size={C}) for q {(*batch, T, d_k)}, d_v={d_v}, "
-                 f"{str(dtype)[6:]}")
+        q, k, v = (d.randn(*batch, T, n, dtype=dtype) for n in (d_k, d_k, d_v))
+        label = f"chunked_linear_attention(q, k, v, chunk_size={C}) for q {(*batch, T, d_k)}, d_v={d_v}, {str(dtype)[6:]}"
         largest = _LargestTensor()
         with forbid(*_SDPA, exercise="chunked linear attention"), largest:
-            got = call(chunked_linear_attention, *_copies(q, k, v), C, name="chunked_linear_attention")
+            got = call(fn, *_copies(q, k, v), C, name="chunked_linear_attention")
         expect_tensor(got, (*batch, T, d_v), label)
         expect(got.dtype == dtype, f"{label} returned {got.dtype}.", "keep the dtype of q.")
-        compare(got, _linear_ref(q, k, v).to(dtype), label,
-                "out_i = phi(q_i) . S_i / (phi(q_i) . z_i) with S_i = sum_{j<=i} phi(k_j) v_j^T and z_i = "
-                "sum_{j<=i} phi(k_j), phi(x) = elu(x) + 1: earlier chunks through the carried state, the current one "
-                "through its own masked (C, C) product.",
+        compare(got, _linear_ref(q, k, v).to(dtype), label, "out_i = phi(q_i) . S_i / (phi(q_i) . z_i) with S_i = "
+                "sum_{j<=i} phi(k_j) v_j^T and z_i = sum_{j<=i} phi(k_j), phi(x) = elu(x) + 1: earlier chunks through "
+                "the carried state, the current one through its own masked (C, C) product.",
                 variants=[(when(lambda got, kw=kw: _matches_where_stable(got, q, k, v, kw)), hint)
                           for kw, hint in _chunked_variants(C)])
         n_batch, elem = math.prod(batch), q.element_size()
@@ -1098,17 +975,15 @@ def check_chunked_linear_attention(chunked_linear_attention, hidden: bool = Fals
                f"as large as the prefix sums S_i of every position, (T, d_k, d_v) = ({T}, {d_k}, {d_v}).",
                "keep one running state S (d_k, d_v) and z (d_k,) from chunk to chunk (or one per chunk), not one "
                "per position: that is what chunking saves over cumsum.")
-        expect(not (C < T // 2 and largest.nbytes >= n_batch * T * T * elem),
-               _full_matrix_hint("chunked_linear_attention", largest, T, T),
-               "only the (chunk_size, chunk_size) products inside one chunk are quadratic; earlier chunks enter "
-               "through the state S = sum phi(k_j) v_j^T.")
+        expect(not (C < T // 2 and largest.nbytes >= n_batch * T * T * elem), _full_matrix_hint(
+               "chunked_linear_attention", largest, T, T), "only the (chunk_size, chunk_size) products inside one "
+               "chunk are quadratic; earlier chunks enter through the state S = sum phi(k_j) v_j^T.")
     # Causality as a property: changing late keys and values changes no earlier output.
     q, k, v = (d.randn(2, 24, 4) for _ in range(3))
     k2, v2 = k.clone(), v.clone()
     k2[:, 13:] += 1.0
     v2[:, 13:] -= 2.0
-    a = call(chunked_linear_attention, *_copies(q, k, v), 8, name="chunked_linear_attention")
-    b = call(chunked_linear_attention, *_copies(q, k2, v2), 8, name="chunked_linear_attention")
+    a, b = (call(fn, *_copies(q, *kv), 8, name="chunked_linear_attention") for kv in ((k, v), (k2, v2)))
     expect(matches(b[:, :13], a[:, :13]), "chunked_linear_attention(chunk_size=8) is not causal: changing keys and "
            "values from position 13 on changed earlier outputs.",
            "inside a chunk mask the future (tril); update the state after the chunk.")
@@ -1117,25 +992,22 @@ def check_chunked_linear_attention(chunked_linear_attention, hidden: bool = Fals
 
 
 def _flash_ref(q, k, v, causal, shift=0, strict=False):
-    """Exact attention in float64 and its log-sum-exp; the causal mask aligned bottom-right
-    (``shift`` and ``strict`` reproduce common bugs)."""
+    """Exact attention in float64, its log-sum-exp and the row maxima of the scores; the causal mask
+    aligned bottom-right (``shift`` and ``strict`` reproduce common bugs)."""
     q, k, v = (t.detach().to(torch.float64) for t in (q, k, v))
     T_q, T_k = q.shape[-2], k.shape[-2]
     s = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
     if causal:
-        i = torch.arange(T_k - T_q, T_k).view(-1, 1) + shift
-        j = torch.arange(T_k).view(1, -1)
+        i, j = torch.arange(T_k - T_q, T_k).view(-1, 1) + shift, torch.arange(T_k).view(1, -1)
         s = s.masked_fill(j >= i if strict else j > i, float("-inf"))
-    lse = torch.logsumexp(s, dim=-1)
-    return torch.softmax(s, dim=-1) @ v, lse
+    return torch.softmax(s, dim=-1) @ v, torch.logsumexp(s, dim=-1), s.amax(dim=-1)
 
 
 def _flash_variant(q, k, v, q_block, k_block, causal, rescale_sum=True, rescale_acc=True, early_break=False):
-    """The tiled loop in float64, optionally with a common bug."""
+    """The tiled loop's output in float64, optionally with a common bug."""
     q, k, v = (t.detach().to(torch.float64) for t in (q, k, v))
     T_q, T_k = q.shape[-2], k.shape[-2]
-    off, scale = T_k - T_q, 1 / math.sqrt(q.shape[-1])
-    outs, lses = [], []
+    off, scale, outs = T_k - T_q, 1 / math.sqrt(q.shape[-1]), []
     for qs in range(0, T_q, q_block):
         qb = q[..., qs:qs + q_block, :]
         n = qb.shape[-2]
@@ -1154,24 +1026,14 @@ def _flash_variant(q, k, v, q_block, k_block, causal, rescale_sum=True, rescale_
             acc = (acc * c if rescale_acc else acc) + p @ v[..., ks:ks + k_block, :]
             m = m_new
         outs.append(acc / l)
-        lses.append((m + l.log()).squeeze(-1))
-    return torch.cat(outs, -2), torch.cat(lses, -1)
-
-
-def _flash_max(q, k, causal):
-    """The row maxima of the scaled, masked scores (float64)."""
-    s = q.detach().double() @ k.detach().double().transpose(-2, -1) / math.sqrt(q.shape[-1])
-    if causal:
-        T_q, T_k = q.shape[-2], k.shape[-2]
-        s = s.masked_fill(torch.arange(T_k).view(1, -1) > torch.arange(T_k - T_q, T_k).view(-1, 1), float("-inf"))
-    return s.amax(dim=-1)
+    return torch.cat(outs, -2)
 
 
 def _flash_variants(q, k, v, q_block, k_block, causal) -> list:
     """The outputs of common bugs (float32), in the order their hints are tried."""
     T_q, T_k = q.shape[-2], k.shape[-2]
-    ref = lambda **kw: lambda: _flash_ref(q, k, v, causal, **kw)[0].float()  # noqa: E731
-    tiled = lambda **kw: lambda: _flash_variant(q, k, v, q_block, k_block, causal, **kw)[0].float()  # noqa: E731
+    ref = lambda **kw: lambda: _flash_ref(q, k, v, **{"causal": causal, **kw})[0].float()  # noqa: E731
+    tiled = lambda **kw: lambda: _flash_variant(q, k, v, q_block, k_block, causal, **kw).float()  # noqa: E731
     return [
         (when(lambda got: not bool(torch.isfinite(got).all())), "the output has inf/NaN: subtract the running maximum "
          "before exp, p = exp(s - m_new) with m_new = max(m, rowmax(s)) over all key tiles so far."),
@@ -1186,8 +1048,8 @@ def _flash_variants(q, k, v, q_block, k_block, causal) -> list:
          "multiply the old sum by exp(m - m_new), like the accumulator."),
         (tiled(rescale_acc=False), "the accumulator was not rescaled: when the maximum grows from m to m_new, "
          "multiply the old accumulator by exp(m - m_new) before adding p @ v_tile."),
-        ((lambda: _flash_ref(q, k, v, False)[0].float()) if causal else None,
-         "the causal mask was ignored: mask, inside each tile, the keys after each query's position."),
+        (ref(causal=False) if causal else None, "the causal mask was ignored: mask, inside each tile, the keys after "
+         "each query's position."),
     ]
 
 
@@ -1195,9 +1057,8 @@ def _run_flash(fn, q, k, v, q_block, k_block, causal, label):
     largest = _LargestTensor()
     with forbid(*_SDPA, exercise="tiled attention"), largest:
         got = call(fn, *_copies(q, k, v), q_block, k_block, causal=causal, name="flash_attention")
-    expect(isinstance(got, (tuple, list)) and len(got) == 2,
-           f"{label} returned {type(got).__name__}, expected a tuple (out, lse).",
-           "return the output and the log-sum-exp of each query's scores: `return out, lse`.")
+    expect(isinstance(got, (tuple, list)) and len(got) == 2, f"{label} returned {type(got).__name__}, expected a "
+           "tuple (out, lse).", "return the output and the log-sum-exp of each query's scores: `return out, lse`.")
     return got[0], got[1], largest
 
 
@@ -1210,12 +1071,10 @@ def _flash_cases(d) -> list:
                 d.rng.randrange(1, 5), d.rng.randrange(1, T_q + 4), d.rng.randrange(1, T_k + 4), d.rng.random() < 0.6,
                 d.rng.choice([1.0, 2.0, -3.0]))
 
-    cases = [((2,), 64, 64, 4, 4, 8, 16, False, 1.0), ((1, 2), 40, 56, 4, 3, 16, 24, True, 2.0),
-             ((2,), 48, 48, 4, 4, 8, 16, True, 6.0)]
-    if d.hidden:
-        cases += [((3,), 10, 70, 4, 4, 3, 7, True, 1.0), ((1,), 64, 64, 4, 4, 64, 64, True, 2.0),
-                  ((2,), 33, 65, 4, 4, 10, 64, False, -6.0), ((1,), 24, 24, 2, 2, 1, 1, True, 1.0)]
-    return d.cases(cases, drawn, 3)
+    hidden = [((3,), 10, 70, 4, 4, 3, 7, True, 1.0), ((1,), 64, 64, 4, 4, 64, 64, True, 2.0),
+              ((2,), 33, 65, 4, 4, 10, 64, False, -6.0), ((1,), 24, 24, 2, 2, 1, 1, True, 1.0)] if d.hidden else []
+    return d.cases([((2,), 64, 64, 4, 4, 8, 16, False, 1.0), ((1, 2), 40, 56, 4, 3, 16, 24, True, 2.0),
+                    ((2,), 48, 48, 4, 4, 8, 16, True, 6.0)] + hidden, drawn, 3)
 
 
 @_one_thread
@@ -1228,16 +1087,15 @@ def check_flash_attention(flash_attention, hidden: bool = False) -> None:
 
 
 def _check_flash_case(fn, d, batch, T_q, T_k, d_k, d_v, qb, kb, causal, spread) -> None:
-    q = d.randn(*batch, T_q, d_k) * abs(spread)
     growth = torch.linspace(0.3, 1.5, T_k) if spread > 0 else torch.linspace(1.5, 0.3, T_k)
-    k = d.randn(*batch, T_k, d_k) * abs(spread) * growth.view(-1, 1)
+    q, k = d.randn(*batch, T_q, d_k) * abs(spread), d.randn(*batch, T_k, d_k) * abs(spread) * growth.view(-1, 1)
     v = d.randn(*batch, T_k, d_v)
     label = (f"flash_attention(q_block={qb}, k_block={kb}, causal={causal}) for q {(*batch, T_q, d_k)} against "
              f"{T_k} keys, d_v={d_v}")
     out, lse, largest = _run_flash(fn, q, k, v, qb, kb, causal, label)
     expect_tensor(out, (*batch, T_q, d_v), f"the output of {label}")
     expect_tensor(lse, (*batch, T_q), f"the log-sum-exp of {label}")
-    want, want_lse = _flash_ref(q, k, v, causal)
+    want, want_lse, row_max = _flash_ref(q, k, v, causal)
     # exp turns a float32 score's rounding (its size s_max times 6e-8) into a relative error of the weights.
     s_max = (q.double() @ k.double().transpose(-2, -1)).abs().max().item() / math.sqrt(d_k)
     atol = 1e-5 * max(1.0, s_max / 20)
@@ -1247,8 +1105,8 @@ def _check_flash_case(fn, d, batch, T_q, T_k, d_k, d_v, qb, kb, causal, spread) 
             variants=_flash_variants(q, k, v, qb, kb, causal), tol=(atol, 1e-4))
     compare(lse, want_lse.float(), f"the log-sum-exp of {label}", "lse_i = log sum_j exp(s_ij) over the keys query i "
             "may see, with s = q . k / sqrt(d_k): m + log(l) at the end of the loop.", variants=[
-                (lambda: (want_lse - _flash_max(q, k, causal)).float(), "the log-sum-exp is m + log(l): log(l) alone "
-                 "is relative to the running maximum m; add it back."),
+                ((want_lse - row_max).float(), "the log-sum-exp is m + log(l): log(l) alone is relative to the "
+                 "running maximum m; add it back."),
                 (lambda: _flash_ref(q * math.sqrt(d_k), k, v, causal)[1].float(), "the log-sum-exp is of the scaled "
                  "scores q . k / sqrt(d_k), the ones the softmax sees.")], tol=(atol * 10, 1e-5))
     n_batch, elem = math.prod(batch), q.element_size()
@@ -1268,8 +1126,7 @@ def _check_flash_merge(fn, d) -> None:
     o1, l1, _ = _run_flash(fn, q, k[:, :11], v[:, :11], 4, 5, False, "flash_attention on keys 0 .. 10")
     o2, l2, _ = _run_flash(fn, q, k[:, 11:], v[:, 11:], 4, 5, False, "flash_attention on keys 11 .. 29")
     lse = torch.logaddexp(l1.double(), l2.double())
-    merged = (o1.double() * torch.exp(l1.double() - lse).unsqueeze(-1)
-              + o2.double() * torch.exp(l2.double() - lse).unsqueeze(-1))
+    merged = o1.double() * (l1.double() - lse).exp().unsqueeze(-1) + o2.double() * (l2.double() - lse).exp().unsqueeze(-1)
     compare(merged.float(), _flash_ref(q, k, v, False)[0].float(), "the outputs of two halves of 30 keys (11 and 19), "
             "merged with weights exp(lse_half - lse_all)", "each half's lse must be the log-sum-exp of that half's "
             "scores, so that exp(lse_half - lse_all) is the share of the softmax mass in that half.")
@@ -1281,7 +1138,7 @@ def _check_flash_dtypes(fn, d) -> None:
         q, k, v = (d.randn(2, T, 8, dtype=torch.float64) * 4 for T in (T_q, T_k, T_k))
         what = f"flash_attention(q_block={qb}, k_block={kb}, causal=True) for float64 q (2, {T_q}, 8) against {T_k} keys"
         out, lse, _ = _run_flash(fn, q, k, v, qb, kb, True, what)
-        want, want_lse = _flash_ref(q, k, v, True)
+        want, want_lse, _ = _flash_ref(q, k, v, True)
         expect(out.dtype == torch.float64 and lse.dtype == torch.float64, f"{what} returned {out.dtype}.",
                "return the dtype of the inputs: create m, l and acc with dtype=q.dtype, device=q.device (float64 "
                "here), and do not convert the results.")
@@ -1294,10 +1151,9 @@ def _check_flash_dtypes(fn, d) -> None:
         what = f"flash_attention(q_block=8, k_block=16, causal=True) for {str(dtype)[6:]} q, k, v (2, 24/40, 8)"
         out, lse, _ = _run_flash(fn, q, k, v, 8, 16, True, what)
         expect_tensor(out, (2, 24, 6), what)
-        expect(out.dtype == dtype and lse.dtype == dtype,
-               f"{what} returned {str(out.dtype)[6:]} and {str(getattr(lse, 'dtype', '?'))[6:]}.",
-               "return the dtype of the inputs: create m, l and acc with dtype=q.dtype, device=q.device, or cast "
-               "the results back with .to(q.dtype).")
+        expect(out.dtype == dtype and lse.dtype == dtype, f"{what} returned {str(out.dtype)[6:]} and "
+               f"{str(getattr(lse, 'dtype', '?'))[6:]}.", "return the dtype of the inputs: create m, l and acc with "
+               "dtype=q.dtype, device=q.device, or cast the results back with .to(q.dtype).")
         compare(out, _flash_ref(q, k, v, True)[0].to(dtype), what, "the result is right in float32 but not in half "
                 "precision: keep the running maximum subtracted before exp (p = exp(s - m_new)), so nothing "
                 "overflows.", tol=(atol, atol))
@@ -1325,13 +1181,9 @@ def _step_oracle(ids, emb, w_q, w_k, w_v, w_o, H, n_kv, k_past, v_cache, base, k
     F.scaled_dot_product_attention with enable_gqa and a bottom-right causal mask. k_past holds the past
     keys before rotation. Returns (y, all rotated keys)."""
     f = lambda t: t.detach().to(torch.float64)  # noqa: E731
-    B, T_new = ids.shape
-    d = w_q.shape[0] // H
-    T_past = k_past.shape[-2]
+    (B, T_new), d, T_past = ids.shape, w_q.shape[0] // H, k_past.shape[-2]
     x = F.embedding(ids, f(emb))
-    q = F.linear(x, f(w_q)).view(B, T_new, H, d).transpose(1, 2)
-    k = F.linear(x, f(w_k)).view(B, T_new, n_kv, d).transpose(1, 2)
-    v = F.linear(x, f(w_v)).view(B, T_new, n_kv, d).transpose(1, 2)
+    q, k, v = (F.linear(x, f(w)).view(B, T_new, n, d).transpose(1, 2) for w, n in ((w_q, H), (w_k, n_kv), (w_v, n_kv)))
     pos = torch.arange(T_past, T_past + T_new) if kind != "no_offset" else torch.arange(T_new)
     pairing = "interleaved" if kind == "interleaved" else "half"
     q, k = _rope_complex(q, pos, base, pairing), _rope_complex(k, pos, base, pairing)
@@ -1340,16 +1192,14 @@ def _step_oracle(ids, emb, w_q, w_k, w_v, w_o, H, n_kv, k_past, v_cache, base, k
         past = _rope_complex(past, torch.arange(T_past), base)
     if kind == "values_rotated":
         v = _rope_complex(v, pos, base)
-    keys, values = torch.cat((past, k), -2), torch.cat((f(v_cache), v), -2)
-    T_all = T_past + T_new
+    keys, values, T_all = torch.cat((past, k), -2), torch.cat((f(v_cache), v), -2), T_past + T_new
     if kind == "top_left":
         allowed = torch.ones(T_new, T_all, dtype=torch.bool).tril()
     else:
         allowed = torch.arange(T_all)[None, :] <= (T_all - T_new + torch.arange(T_new))[:, None]
     out = F.scaled_dot_product_attention(q, keys, values, attn_mask=allowed, enable_gqa=True)
     out = out.transpose(1, 2).reshape(B, T_new, H * d)
-    y = out @ f(w_o) if kind == "w_o_untransposed" else F.linear(out, f(w_o))
-    return y, keys
+    return (out @ f(w_o) if kind == "w_o_untransposed" else F.linear(out, f(w_o))), keys
 
 
 def _step_variants(T_past: int, T_new: int) -> list:
@@ -1374,24 +1224,13 @@ _CHANGES_CACHE = {"no_offset", "cache_rotated_twice", "interleaved"}     # kinds
 _NEEDS_CACHE = {"no_offset", "cache_rotated_twice", "top_left"}          # kinds that change nothing without a cache
 
 
-def check_decoder_attention_step(decoder_attention_step, decoder_mask=None, grouped_query_attention=None,
-                                 hidden: bool = False) -> None:
-    """decoder_mask and grouped_query_attention, when given, are the answers of exercises 3 and 5 it may
-    call: a failure they cause is blamed on them."""
-    with earlier_first(*earlier_answers(
-            "decoder_attention_step", ("may call your decoder_mask", 3, decoder_mask, check_decoder_mask),
-            ("may call your grouped_query_attention", 5, grouped_query_attention, check_grouped_query_attention))):
-        _check_decoder_attention_step(decoder_attention_step, hidden)
-
-
 def _step_cases(d) -> list:
     """(B, n_heads, n_kv_heads, d_head, T_past, T_new, vocab, base, dtype); d_model = n_heads * d_head."""
     cases = [(1, 4, 2, 8, 5, 1, 11, 10000.0, torch.float32), (2, 4, 1, 8, 3, 4, 13, 100.0, torch.float32),
              (1, 2, 1, 8, 4, 2, 10, 10000.0, torch.float64)]
     if d.hidden:
         cases += [(2, 2, 2, 16, 0, 3, 9, 10000.0, torch.float64), (1, 6, 3, 4, 17, 2, 20, 500.0, torch.float64)]
-        for dtype in (torch.float32, torch.float64):
-            n_kv = d.rng.randrange(1, 4)
+        for dtype, n_kv in ((dtype, d.rng.randrange(1, 4)) for dtype in (torch.float32, torch.float64)):
             cases.append((d.rng.randrange(1, 3), n_kv * d.rng.randrange(1, 4), n_kv, 2 * d.rng.randrange(2, 9),
                           d.rng.randrange(0, 25), d.rng.randrange(1, 6), d.rng.randrange(5, 40),
                           d.rng.choice([100.0, 1000.0, 10000.0]), dtype))
@@ -1399,44 +1238,52 @@ def _step_cases(d) -> list:
 
 
 @_one_thread
-def _check_decoder_attention_step(decoder_attention_step, hidden: bool) -> None:
+def check_decoder_attention_step(decoder_attention_step, decoder_mask=None, grouped_query_attention=None,
+                                 hidden: bool = False) -> None:
+    """decoder_mask and grouped_query_attention, when given, are the answers of exercises 3 and 5 it may
+    call: a failure they cause is blamed on them."""
     d = draw("decoder_attention_step", hidden)
-    for B, H, n_kv, dh, T_past, T_new, vocab, base, dtype in _step_cases(d):
-        r = lambda *shape: d.randn(*shape, dtype=torch.float64).to(dtype)  # noqa: E731
-        d_model = H * dh
-        ids, emb = d.randint(0, vocab, (B, T_new)), r(vocab, d_model)
-        w_q, w_k, w_v = (r(n * dh, d_model) / math.sqrt(d_model) for n in (H, n_kv, n_kv))
-        w_o = r(d_model, H * dh) / math.sqrt(d_model)
-        k_past, v_cache = r(B, n_kv, T_past, dh), r(B, n_kv, T_past, dh)
-        k_cache = _rope_complex(k_past, torch.arange(T_past), base).to(dtype)      # rotated when cached
-        inputs = [ids, emb, w_q, w_k, w_v, w_o, k_cache, v_cache]
-        given = _copies(*inputs)
-        label = (f"decoder_attention_step with {T_new} new token{'s' if T_new > 1 else ''} after a cache of {T_past} "
-                 f"(B={B}, n_heads={H}, n_kv_heads={n_kv}, d_head={dh}, base={base:g}, {str(dtype)[6:]})")
-        with forbid(*_SDPA, exercise="the attention step"):
-            got = call(decoder_attention_step, *given[:6], H, n_kv, *given[6:], base, name="decoder_attention_step")
-        expect(all(torch.equal(a, b) for a, b in zip(inputs, given)), f"{label} changed one of its inputs in place.",
-               "build new tensors (torch.cat makes the new cache); do not write into the inputs.")
-        expect(isinstance(got, (tuple, list)) and len(got) == 3,
-               f"{label} returned {type(got).__name__}, expected a tuple (y, k_cache, v_cache).",
-               "return three tensors: the layer's output and the two grown caches.")
-        y, new_k, new_v = got
-        expect_tensor(y, (B, T_new, d_model), f"the output of {label}")
-        expect_tensor(new_k, (B, n_kv, T_past + T_new, dh), f"the new k_cache of {label}")
-        expect_tensor(new_v, (B, n_kv, T_past + T_new, dh), f"the new v_cache of {label}")
-        expect(y.dtype == dtype and new_k.dtype == dtype, f"{label} returned dtype {y.dtype}, expected {dtype}.",
-               "keep the dtype of the weights: create every new tensor with their dtype and device.")
-        oracle = lambda kind="right": [t.to(dtype) for t in _step_oracle(  # noqa: E731
-            ids, emb, w_q, w_k, w_v, w_o, H, n_kv, k_past, v_cache, base, kind)]
-        want, want_keys = oracle()
-        cache_ok = matches(new_k, want_keys)
-        variants = [(lambda kind=kind: oracle(kind)[0] if (kind in _CHANGES_CACHE) != cache_ok and (
-            T_past > 0 or kind not in _NEEDS_CACHE) else None, hint) for kind, hint in _step_variants(T_past, T_new)]
-        if not cache_ok:
-            compare(new_k, want_keys, f"the new k_cache of {label}", diagnose(y, variants, (
-                "the new k_cache must be cat((k_cache, rope(k_new, positions)), dim=-2) with positions T_past .. "
-                "T_past + T_new - 1 (half-split pairs), and v_cache cat((v_cache, v_new), dim=-2).")))
-        compare(y, want, f"the output of {label}", (
-            f"with T_past={T_past}, T_new={T_new}: x = emb[ids]; q, k, v = x @ w.T split into heads; rotate q and k at "
-            "positions T_past + t; append to the caches; grouped-query attention (query head h uses kv head h // "
-            "group) with a bottom-right causal mask; merge heads; @ w_o.T."), variants=variants)
+    with earlier_first(*earlier_answers(
+            "decoder_attention_step", ("may call your decoder_mask", 3, decoder_mask, check_decoder_mask),
+            ("may call your grouped_query_attention", 5, grouped_query_attention, check_grouped_query_attention))):
+        for case in _step_cases(d):
+            _check_step_case(decoder_attention_step, d, *case)
+
+
+def _check_step_case(fn, d, B, H, n_kv, dh, T_past, T_new, vocab, base, dtype) -> None:
+    r = lambda *shape: d.randn(*shape, dtype=torch.float64).to(dtype)  # noqa: E731
+    d_model = H * dh
+    ids, emb = d.randint(0, vocab, (B, T_new)), r(vocab, d_model)
+    w_q, w_k, w_v = (r(n * dh, d_model) / math.sqrt(d_model) for n in (H, n_kv, n_kv))
+    w_o, k_past, v_cache = r(d_model, H * dh) / math.sqrt(d_model), r(B, n_kv, T_past, dh), r(B, n_kv, T_past, dh)
+    k_cache = _rope_complex(k_past, torch.arange(T_past), base).to(dtype)      # rotated when cached
+    inputs = [ids, emb, w_q, w_k, w_v, w_o, k_cache, v_cache]
+    label = (f"decoder_attention_step with {T_new} new token{'s' if T_new > 1 else ''} after a cache of {T_past} "
+             f"(B={B}, n_heads={H}, n_kv_heads={n_kv}, d_head={dh}, base={base:g}, {str(dtype)[6:]})")
+    given = _copies(*inputs)
+    with forbid(*_SDPA, exercise="the attention step"):
+        got = call(fn, *given[:6], H, n_kv, *given[6:], base, name="decoder_attention_step")
+    expect(all(torch.equal(a, b) for a, b in zip(inputs, given)), f"{label} changed one of its inputs in place.",
+           "build new tensors (torch.cat makes the new cache); do not write into the inputs.")
+    expect(isinstance(got, (tuple, list)) and len(got) == 3, f"{label} returned {type(got).__name__}, expected a "
+           "tuple (y, k_cache, v_cache).", "return three tensors: the layer's output and the two grown caches.")
+    y, new_k, new_v = got
+    expect_tensor(y, (B, T_new, d_model), f"the output of {label}")
+    expect_tensor(new_k, (B, n_kv, T_past + T_new, dh), f"the new k_cache of {label}")
+    expect_tensor(new_v, (B, n_kv, T_past + T_new, dh), f"the new v_cache of {label}")
+    expect(y.dtype == dtype and new_k.dtype == dtype, f"{label} returned dtype {y.dtype}, expected {dtype}.",
+           "keep the dtype of the weights: create every new tensor with their dtype and device.")
+    oracle = lambda kind="right": [t.to(dtype) for t in _step_oracle(  # noqa: E731
+        ids, emb, w_q, w_k, w_v, w_o, H, n_kv, k_past, v_cache, base, kind)]
+    want, want_keys = oracle()
+    cache_ok = matches(new_k, want_keys)
+    variants = [(lambda kind=kind: oracle(kind)[0] if (kind in _CHANGES_CACHE) != cache_ok and (
+        T_past > 0 or kind not in _NEEDS_CACHE) else None, hint) for kind, hint in _step_variants(T_past, T_new)]
+    if not cache_ok:
+        compare(new_k, want_keys, f"the new k_cache of {label}", diagnose(y, variants, (
+            "the new k_cache must be cat((k_cache, rope(k_new, positions)), dim=-2) with positions T_past .. "
+            "T_past + T_new - 1 (half-split pairs), and v_cache cat((v_cache, v_new), dim=-2).")))
+    compare(y, want, f"the output of {label}", f"with T_past={T_past}, T_new={T_new}: x = emb[ids]; q, k, v = x @ "
+            "w.T split into heads; rotate q and k at positions T_past + t; append to the caches; grouped-query "
+            "attention (query head h uses kv head h // group) with a bottom-right causal mask; merge heads; @ w_o.T.",
+            variants=variants)

@@ -92,11 +92,10 @@ def _draw_base(rng: random.Random) -> float:
 
 
 def _show(values: torch.Tensor, noun: str) -> str:
-    """The values of a failing case in a few words: k = 5, positions [0, 2.5, 7], 16 positions from 0 to 3015."""
+    """The values of a failing case in a few words: k = 5, k = [3, -2], 16 positions from 0 to 3015."""
     v = [int(x) if x == round(x) else round(x, 3) for x in values.detach().double().flatten().tolist()]
-    if values.dim() == 0:
-        return f"{noun} = {v[0]}"
-    return f"{noun} {v}" if len(v) <= 8 else f"{len(v)} {noun} from {min(v)} to {max(v)}"
+    name, many = ("k = ", "offsets k") if noun == "k" else (f"{noun} ", noun)
+    return f"{name}{v[0] if values.dim() == 0 else v}" if len(v) <= 8 else f"{len(v)} {many} from {min(v)} to {max(v)}"
 
 
 def _tensor_of(got: Any, shape: tuple[int, ...], dtype: torch.dtype, label: str, hint: str) -> None:
@@ -884,7 +883,7 @@ def _reach_variants(slopes: torch.Tensor, threshold: float, n_keys: int, got: to
            "with .any(dim=-1)" if given == {0} else "n_keys is no distance; -1 says that there is none"
            if given == {n_keys} else "-1 says that there is no such distance")
     return [
-        (when(lambda got: bool(none.any()) and torch.equal(got.long()[~none], want[~none])),
+        (when(lambda got: bool(none.any()) and matches(got.long()[~none], want[~none])),
          f"the heads with a key below the threshold are right; for head{'s' if len(heads) > 1 else ''} "
          f"{', '.join(map(str, heads))} no key of these {n_keys} is below it, and such a head must give -1: "
          f"return -1 for them ({why})."),

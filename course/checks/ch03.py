@@ -56,33 +56,6 @@ _SOFTMAX_BUILTINS = ((torch, "softmax"), (F, "softmax"), (torch.Tensor, "softmax
                      (torch, "logsumexp"), (torch.Tensor, "logsumexp"))
 
 
-def _softmax_cases(d) -> list:
-    """(x, dim, what): small, overflowing, -inf and float64 inputs; more shapes and offsets when hidden."""
-    t = torch.tensor
-    cases = [(t([[1.0, 2.0, 3.0], [0.0, 0.0, 0.0]]), -1, "a small example"),
-             (d.randn(3, 5), -1, "a (3, 5) input along dim=-1"), (d.randn(4, 4), -1, "a (4, 4) input along dim=-1"),
-             (d.randn(4, 6), 0, "a (4, 6) input along dim=0"),
-             (t([[0.0, 1.0, 2.0], [1000.0, 1001.0, 1002.0]]), -1, "rows far apart in size"),
-             (t([[10_000.0, 0.0, -10_000.0]]), -1, "entries of +-1e4"),
-             (t([[0.5, -math.inf, 1.5, -math.inf]]), -1, "a row with -inf entries (masked scores)"),
-             (d.randn(3, 4, dtype=torch.float64) * 20 + 300, -1, "a float64 (3, 4) input around 300")]
-    if d.hidden:
-        cases += [(d.randn(2, 3, 7) * 30, 1, "a (2, 3, 7) input along dim=1"),
-                  (d.randn(2, 3, 7) * 30 + 500, -1, "a (2, 3, 7) input with large values"),
-                  (d.randn(5, dtype=torch.float64), 0, "a float64 vector"),
-                  (d.randn(3, 1), -1, "a single column"),
-                  (-d.uniform(0, 1e4, 6, 6), -2, "large negative entries along dim=-2")]
-
-    def drawn(d):
-        shape = tuple(d.rng.randrange(1, 7) for _ in range(d.rng.randrange(1, 4)))
-        dim = d.rng.randrange(-len(shape), len(shape))
-        scale, offset = d.rng.choice([1.0, 10.0, 30.0]), d.rng.choice([0.0, 200.0, -500.0, 1000.0])
-        return (d.randn(*shape) * scale + offset, dim,
-                f"a {shape} input (scale {scale:g}, offset {offset:g}) along dim={dim}")
-
-    return d.cases(cases, drawn, 2)
-
-
 def _softmax_variants(x: torch.Tensor, dim: int) -> list:
     """The results of common bugs, in the order their hints are tried."""
     def shifted(m):             # exp(x - m) normalised along dim; raises where m does not broadcast: no variant
@@ -113,7 +86,31 @@ def _softmax_variants(x: torch.Tensor, dim: int) -> list:
 
 @_one_thread
 def check_softmax(softmax, hidden: bool = False) -> None:
-    for x, dim, what in _softmax_cases(draw("softmax", hidden)):
+    d = draw("softmax", hidden)
+    # (x, dim, what): small, overflowing, -inf and float64 inputs; more shapes and offsets when hidden.
+    t = torch.tensor
+    cases = [(t([[1.0, 2.0, 3.0], [0.0, 0.0, 0.0]]), -1, "a small example"),
+             (d.randn(3, 5), -1, "a (3, 5) input along dim=-1"), (d.randn(4, 4), -1, "a (4, 4) input along dim=-1"),
+             (d.randn(4, 6), 0, "a (4, 6) input along dim=0"),
+             (t([[0.0, 1.0, 2.0], [1000.0, 1001.0, 1002.0]]), -1, "rows far apart in size"),
+             (t([[10_000.0, 0.0, -10_000.0]]), -1, "entries of +-1e4"),
+             (t([[0.5, -math.inf, 1.5, -math.inf]]), -1, "a row with -inf entries (masked scores)"),
+             (d.randn(3, 4, dtype=torch.float64) * 20 + 300, -1, "a float64 (3, 4) input around 300")]
+    if d.hidden:
+        cases += [(d.randn(2, 3, 7) * 30, 1, "a (2, 3, 7) input along dim=1"),
+                  (d.randn(2, 3, 7) * 30 + 500, -1, "a (2, 3, 7) input with large values"),
+                  (d.randn(5, dtype=torch.float64), 0, "a float64 vector"),
+                  (d.randn(3, 1), -1, "a single column"),
+                  (-d.uniform(0, 1e4, 6, 6), -2, "large negative entries along dim=-2")]
+
+    def drawn(d):
+        shape = tuple(d.rng.randrange(1, 7) for _ in range(d.rng.randrange(1, 4)))
+        dim = d.rng.randrange(-len(shape), len(shape))
+        scale, offset = d.rng.choice([1.0, 10.0, 30.0]), d.rng.choice([0.0, 200.0, -500.0, 1000.0])
+        return (d.randn(*shape) * scale + offset, dim,
+                f"a {shape} input (scale {scale:g}, offset {offset:g}) along dim={dim}")
+    cases = d.cases(cases, drawn, 2)
+    for x, dim, what in cases:
         (given,) = _copies(x)
         with forbid(*_SOFTMAX_BUILTINS, exercise="the softmax"):
             got = call(softmax, given, dim)
@@ -417,8 +414,10 @@ def _decoder_mask_variants(past: int) -> list:
     ]
 
 
-def _decoder_mask_cases(d) -> list:
-    """(key_is_real, q_len, how): left padding for prefill and after a cache; hidden, padding anywhere."""
+@_one_thread
+def check_decoder_mask(decoder_mask, hidden: bool = False) -> None:
+    d = draw("decoder_mask", hidden)
+    # (key_is_real, q_len, how): left padding for prefill and after a cache; hidden, padding anywhere.
     def left(pads, k_len, q_len):
         real = torch.ones(len(pads), k_len, dtype=torch.bool)
         for b, n in enumerate(pads):
@@ -430,19 +429,14 @@ def _decoder_mask_cases(d) -> list:
         return [d.rng.randrange(0, k_len) for _ in range(B)], k_len, d.rng.randrange(1, k_len + 1)
 
     visible = [([2, 0], 6, 6), ([3, 0, 1], 7, 2), ([1, 4], 5, 1)]
-    hidden = [([0], 1, 1), ([5, 0], 9, 3), ([0, 0, 2, 7], 8, 8)] if d.hidden else []
-    cases = [left(*c) for c in d.cases(visible + hidden, drawn, 3)]
+    extra = [([0], 1, 1), ([5, 0], 9, 3), ([0, 0, 2, 7], 8, 8)] if d.hidden else []
+    cases = [left(*c) for c in d.cases(visible + extra, drawn, 3)]
     if d.hidden:
         cases.append((torch.tensor([[True, False, True, True, False, True], [False, True, True, False, True, True]]),
                       4, "padding in the middle of the sequences"))
         for B, k_len in ((d.rng.randrange(1, 4), d.rng.randrange(3, 12)) for _ in range(2)):
             cases.append((d.uniform(0, 1, B, k_len) > 0.3, d.rng.randrange(1, k_len + 1), "padding at random places"))
-    return cases
-
-
-@_one_thread
-def check_decoder_mask(decoder_mask, hidden: bool = False) -> None:
-    for real, q_len, how in _decoder_mask_cases(draw("decoder_mask", hidden)):
+    for real, q_len, how in cases:
         B, k_len = real.shape
         label = (f"decoder_mask(key_is_real of shape {(B, k_len)} with {how}, q_len={q_len}) "
                  f"(the queries are positions {k_len - q_len} .. {k_len - 1})")
@@ -646,24 +640,6 @@ def _gqa_ref(q, k, v, mask, grouping="interleave", mask_grouping="interleave"):
     return _attention_ref(q, k, v, mask)[0]
 
 
-def _gqa_cases(d) -> list:
-    """(B, n_heads, n_kv_heads, T_q, T_k, d_head, mask kind, dtype): decoding shapes (T_q < d_head), where
-    expanded keys would be the largest tensor of the call."""
-    def drawn(d):
-        n_kv = d.rng.randrange(1, 4)
-        H, dh = n_kv * d.rng.randrange(2, 5), d.rng.choice([16, 24, 32])
-        return (d.rng.randrange(1, 4), H, n_kv, d.rng.randrange(1, 5), d.rng.randrange(12, 40), dh,
-                d.rng.choice([None, "causal", "per_head", "padding"]), d.rng.choice([torch.float32, torch.float64]))
-
-    cases = [(2, 4, 2, 1, 24, 16, None, torch.float32), (2, 6, 2, 3, 20, 16, "causal", torch.float32),
-             (1, 8, 2, 2, 18, 16, "per_head", torch.float32), (2, 4, 4, 3, 10, 8, "padding", torch.float32),
-             (1, 6, 3, 2, 16, 16, "causal", torch.float64)]
-    if d.hidden:
-        cases += [(2, 8, 1, 2, 30, 32, "causal", torch.float64), (1, 12, 3, 4, 16, 16, "per_head", torch.float64),
-                  (3, 4, 2, 1, 40, 8, "padding", torch.float32)]
-    return d.cases(cases, drawn, 3)
-
-
 def _gqa_mask(d, B: int, H: int, T_q: int, T_k: int, kind: str | None) -> torch.Tensor | None:
     if kind == "causal":                                 # the queries are the last T_q positions
         return (torch.arange(T_k)[None, :] <= torch.arange(T_k - T_q, T_k)[:, None]).view(1, 1, T_q, T_k)
@@ -686,11 +662,26 @@ def check_grouped_query_attention(grouped_query_attention, scaled_dot_product_at
     causes is blamed on it."""
     d = draw("grouped_query_attention", hidden)
     with _blame_attention_answer("grouped_query_attention", scaled_dot_product_attention):
-        for B, H, n_kv, T_q, T_k, dh, kind, dtype in _gqa_cases(d):
+        # (B, n_heads, n_kv_heads, T_q, T_k, d_head, mask kind, dtype): decoding shapes (T_q < d_head), where
+        def drawn(d):
+            n_kv = d.rng.randrange(1, 4)
+            H, dh = n_kv * d.rng.randrange(2, 5), d.rng.choice([16, 24, 32])
+            return (d.rng.randrange(1, 4), H, n_kv, d.rng.randrange(1, 5), d.rng.randrange(12, 40), dh,
+                    d.rng.choice([None, "causal", "per_head", "padding"]), d.rng.choice([torch.float32, torch.float64]))
+
+        cases = [(2, 4, 2, 1, 24, 16, None, torch.float32), (2, 6, 2, 3, 20, 16, "causal", torch.float32),
+                 (1, 8, 2, 2, 18, 16, "per_head", torch.float32), (2, 4, 4, 3, 10, 8, "padding", torch.float32),
+                 (1, 6, 3, 2, 16, 16, "causal", torch.float64)]
+        if d.hidden:
+            cases += [(2, 8, 1, 2, 30, 32, "causal", torch.float64), (1, 12, 3, 4, 16, 16, "per_head", torch.float64),
+                      (3, 4, 2, 1, 40, 8, "padding", torch.float32)]
+        cases = d.cases(cases, drawn, 3)
+        for B, H, n_kv, T_q, T_k, dh, kind, dtype in cases:
             mask = _gqa_mask(d, B, H, T_q, T_k, kind)
             q, k, v = (d.randn(B, n, T, dh, dtype=dtype) for n, T in ((H, T_q), (n_kv, T_k), (n_kv, T_k)))
             label = (f"grouped_query_attention with n_heads={H}, n_kv_heads={n_kv}, B={B}, T_q={T_q}, T_k={T_k}, "
-                     f"d_head={dh}, {str(dtype)[6:]}, " + ("no mask" if mask is None else f"a {kind.replace('_', '-')} mask {tuple(mask.shape)}"))
+                     f"d_head={dh}, {str(dtype)[6:]}, "
+                     + ("no mask" if mask is None else f"a {kind.replace('_', '-')} mask {tuple(mask.shape)}"))
             largest = _LargestTensor()
             with forbid(*_SDPA, exercise="grouped-query attention"), largest:
                 got = call(grouped_query_attention, *_copies(q, k, v, mask), name="grouped_query_attention")
@@ -763,32 +754,6 @@ def _check_entropy_prediction(predicted_entropy) -> None:
                               "outcomes is ln(n) nats.")
 
 
-def _entropy_cases(d) -> list:
-    """(scores, mask, temperature, what): masks with an empty row, tiny and large temperatures, float64."""
-    def drawn(d):
-        shape = (*(d.rng.randrange(1, 4) for _ in range(d.rng.randrange(0, 3))), d.rng.randrange(1, 6),
-                 d.rng.randrange(1, 12))
-        dtype = d.rng.choice([torch.float32, torch.float64])
-        mask = (d.uniform(0, 1, *shape[-2:]) > 0.4) if d.rng.random() < 0.6 else None
-        temperature = 10 ** d.rng.uniform(-2, 2)
-        return ((d.randn(*shape) * 3).to(dtype), mask, temperature, f"{str(dtype)[6:]} scores {shape}, "
-                f"{'a mask, ' if mask is not None else ''}temperature {temperature:.3g}")
-
-    causal, blind = torch.ones(6, 6, dtype=torch.bool).tril(), d.uniform(0, 1, 3, 5) > 0.3
-    blind[1], blind[0, 0] = False, True
-    hidden = [(d.randn(4, 7, dtype=torch.float64) * 5, None, 3.0, "float64 scores (4, 7)"),
-              (d.randn(2, 2, 6, 6, dtype=torch.float64), causal, 1e-4, "float64 scores (2, 2, 6, 6), causal mask, "
-               "temperature 1e-4"), (d.randn(1, 8) + 500.0, None, 1.0, "scores around 500")] if d.hidden else []
-    return d.cases([
-        (torch.zeros(1, 4), None, 1.0, "equal scores over 4 keys"),
-        (d.randn(2, 3, 5) * 2, None, 1.0, "random scores (2, 3, 5), temperature 1"),
-        (d.randn(6, 6) * 3, causal, 0.5, "random scores (6, 6) with a causal mask, temperature 0.5"),
-        (d.randn(2, 4) * 10, None, 1e-3, "distinct scores at temperature 1e-3 (every weight but one underflows to 0)"),
-        (d.randn(3, 5), blind, 2.0, "a (3, 5) mask whose second row is all False, temperature 2"),
-        (d.randn(2, 6, dtype=torch.float64) * 4, causal[-2:], 0.7,
-         "float64 scores (2, 6) with the last two rows of a causal mask, temperature 0.7")] + hidden, drawn, 3)
-
-
 def _entropy_variants(scores, mask, temperature, want: torch.Tensor) -> list:
     """The entropies of common bugs (in the scores' dtype), in the order their hints are tried."""
     def ref(**kwargs):
@@ -823,7 +788,31 @@ def _entropy_variants(scores, mask, temperature, want: torch.Tensor) -> list:
 @_one_thread
 def check_attention_entropy(predicted_entropy, attention_entropy, hidden: bool = False) -> None:
     _check_entropy_prediction(predicted_entropy)
-    for scores, mask, temperature, what in _entropy_cases(draw("attention_entropy", hidden)):
+    d = draw("attention_entropy", hidden)
+    # (scores, mask, temperature, what): masks with an empty row, tiny and large temperatures, float64.
+    def drawn(d):
+        shape = (*(d.rng.randrange(1, 4) for _ in range(d.rng.randrange(0, 3))), d.rng.randrange(1, 6),
+                 d.rng.randrange(1, 12))
+        dtype = d.rng.choice([torch.float32, torch.float64])
+        mask = (d.uniform(0, 1, *shape[-2:]) > 0.4) if d.rng.random() < 0.6 else None
+        temperature = 10 ** d.rng.uniform(-2, 2)
+        return ((d.randn(*shape) * 3).to(dtype), mask, temperature, f"{str(dtype)[6:]} scores {shape}, "
+                f"{'a mask, ' if mask is not None else ''}temperature {temperature:.3g}")
+
+    causal, blind = torch.ones(6, 6, dtype=torch.bool).tril(), d.uniform(0, 1, 3, 5) > 0.3
+    blind[1], blind[0, 0] = False, True
+    extra = [(d.randn(4, 7, dtype=torch.float64) * 5, None, 3.0, "float64 scores (4, 7)"),
+              (d.randn(2, 2, 6, 6, dtype=torch.float64), causal, 1e-4, "float64 scores (2, 2, 6, 6), causal mask, "
+               "temperature 1e-4"), (d.randn(1, 8) + 500.0, None, 1.0, "scores around 500")] if d.hidden else []
+    cases = d.cases([
+        (torch.zeros(1, 4), None, 1.0, "equal scores over 4 keys"),
+        (d.randn(2, 3, 5) * 2, None, 1.0, "random scores (2, 3, 5), temperature 1"),
+        (d.randn(6, 6) * 3, causal, 0.5, "random scores (6, 6) with a causal mask, temperature 0.5"),
+        (d.randn(2, 4) * 10, None, 1e-3, "distinct scores at temperature 1e-3 (every weight but one underflows to 0)"),
+        (d.randn(3, 5), blind, 2.0, "a (3, 5) mask whose second row is all False, temperature 2"),
+        (d.randn(2, 6, dtype=torch.float64) * 4, causal[-2:], 0.7,
+         "float64 scores (2, 6) with the last two rows of a causal mask, temperature 0.7")] + extra, drawn, 3)
+    for scores, mask, temperature, what in cases:
         label, (given, given_mask) = f"attention_entropy of {what}", _copies(scores, mask)
         got = call(attention_entropy, given, given_mask, temperature, name="attention_entropy")
         expect(torch.equal(given, scores), f"{label} changed the scores in place.", "build new tensors.")
@@ -850,25 +839,22 @@ def _window_ref(q, k, v, window: int, extra: int = 0, scale: str = "sqrt", padde
     return (torch.softmax(s, -1).unsqueeze(-2) @ vp.transpose(-2, -1)).squeeze(-2)
 
 
-def _window_cases(d) -> list:
-    """(batch, T, d_k, d_v, window, dtype)."""
-    def drawn(d):
-        T = d.rng.randrange(8, 80)
-        return ((*(d.rng.randrange(1, 3) for _ in range(d.rng.randrange(1, 3))),), T, d.rng.randrange(1, 7),
-                d.rng.randrange(1, 7), d.rng.randrange(1, max(2, T // 4)), d.rng.choice([torch.float32, torch.float64]))
-
-    f32, f64 = torch.float32, torch.float64
-    hidden = [((1,), 64, 4, 4, 1, f32), ((2,), 30, 8, 2, 30, f64), ((3,), 7, 2, 3, 12, f32)] if d.hidden else []
-    return d.cases([((2,), 48, 4, 3, 4, f32), ((1, 2), 40, 6, 6, 5, f32), ((2,), 5, 3, 2, 8, f32),
-                    ((1,), 24, 4, 3, 3, f64)] + hidden, drawn, 3)
-
-
 @_one_thread
 def check_sliding_window_attention(sliding_window_attention, scaled_dot_product_attention=None,
                                    hidden: bool = False) -> None:
     d = draw("sliding_window_attention", hidden)
     with _blame_attention_answer("sliding_window_attention", scaled_dot_product_attention):
-        for batch, T, d_k, d_v, window, dtype in _window_cases(d):
+        # (batch, T, d_k, d_v, window, dtype).
+        def drawn(d):
+            T = d.rng.randrange(8, 80)
+            return ((*(d.rng.randrange(1, 3) for _ in range(d.rng.randrange(1, 3))),), T, d.rng.randrange(1, 7),
+                    d.rng.randrange(1, 7), d.rng.randrange(1, max(2, T // 4)), d.rng.choice([torch.float32, torch.float64]))
+
+        f32, f64 = torch.float32, torch.float64
+        extra = [((1,), 64, 4, 4, 1, f32), ((2,), 30, 8, 2, 30, f64), ((3,), 7, 2, 3, 12, f32)] if d.hidden else []
+        cases = d.cases([((2,), 48, 4, 3, 4, f32), ((1, 2), 40, 6, 6, 5, f32), ((2,), 5, 3, 2, 8, f32),
+                         ((1,), 24, 4, 3, 3, f64)] + extra, drawn, 3)
+        for batch, T, d_k, d_v, window, dtype in cases:
             q, k, v = (d.randn(*batch, T, n, dtype=dtype) * s for n, s in ((d_k, 1.5), (d_k, 1.5), (d_v, 1.0)))
             label = (f"sliding_window_attention(q, k, v, window={window}) for q {(*batch, T, d_k)}, d_v={d_v}, "
                      f"{str(dtype)[6:]}")
@@ -941,22 +927,19 @@ def _chunked_variants(C: int) -> list:
     ]
 
 
-def _chunked_cases(d) -> list:
-    """(batch, T, d_k, d_v, chunk_size, dtype); T * d_k * d_v well above T * T / 2 is avoided: both limits bind."""
+@_one_thread
+def check_chunked_linear_attention(chunked_linear_attention, hidden: bool = False) -> None:
+    d, fn = draw("chunked_linear_attention", hidden), chunked_linear_attention
+    # (batch, T, d_k, d_v, chunk_size, dtype); T * d_k * d_v well above T * T / 2 is avoided: both limits bind.
     def drawn(d):
         T = d.rng.randrange(20, 120)
         return ((*(d.rng.randrange(1, 3) for _ in range(d.rng.randrange(1, 3))),), T, d.rng.randrange(3, 9),
                 d.rng.randrange(3, 9), d.rng.randrange(2, max(3, T // 3)), d.rng.choice([torch.float32, torch.float64]))
 
     f32, f64 = torch.float32, torch.float64
-    hidden = [((2,), 64, 8, 8, 1, f64), ((1,), 40, 3, 4, 64, f32), ((3,), 71, 5, 6, 10, f64)] if d.hidden else []
-    return d.cases([((2,), 96, 6, 6, 16, f32), ((1, 2), 50, 4, 5, 8, f32), ((1,), 40, 4, 4, 8, f64)] + hidden, drawn, 3)
-
-
-@_one_thread
-def check_chunked_linear_attention(chunked_linear_attention, hidden: bool = False) -> None:
-    d, fn = draw("chunked_linear_attention", hidden), chunked_linear_attention
-    for batch, T, d_k, d_v, C, dtype in _chunked_cases(d):
+    extra = [((2,), 64, 8, 8, 1, f64), ((1,), 40, 3, 4, 64, f32), ((3,), 71, 5, 6, 10, f64)] if d.hidden else []
+    cases = d.cases([((2,), 96, 6, 6, 16, f32), ((1, 2), 50, 4, 5, 8, f32), ((1,), 40, 4, 4, 8, f64)] + extra, drawn, 3)
+    for batch, T, d_k, d_v, C, dtype in cases:
         q, k, v = (d.randn(*batch, T, n, dtype=dtype) for n in (d_k, d_k, d_v))
         label = f"chunked_linear_attention(q, k, v, chunk_size={C}) for q {(*batch, T, d_k)}, d_v={d_v}, {str(dtype)[6:]}"
         largest = _LargestTensor()
@@ -1062,8 +1045,10 @@ def _run_flash(fn, q, k, v, q_block, k_block, causal, label):
     return got[0], got[1], largest
 
 
-def _flash_cases(d) -> list:
-    """(batch, T_q, T_k, d_k, d_v, q_block, k_block, causal, spread)."""
+@_one_thread
+def check_flash_attention(flash_attention, hidden: bool = False) -> None:
+    d = draw("flash_attention", hidden)
+    # (batch, T_q, T_k, d_k, d_v, q_block, k_block, causal, spread).
     def drawn(d):
         T_q = d.rng.randrange(8, 65)
         T_k = d.rng.randrange(T_q, 97)
@@ -1071,16 +1056,11 @@ def _flash_cases(d) -> list:
                 d.rng.randrange(1, 5), d.rng.randrange(1, T_q + 4), d.rng.randrange(1, T_k + 4), d.rng.random() < 0.6,
                 d.rng.choice([1.0, 2.0, -3.0]))
 
-    hidden = [((3,), 10, 70, 4, 4, 3, 7, True, 1.0), ((1,), 64, 64, 4, 4, 64, 64, True, 2.0),
+    extra = [((3,), 10, 70, 4, 4, 3, 7, True, 1.0), ((1,), 64, 64, 4, 4, 64, 64, True, 2.0),
               ((2,), 33, 65, 4, 4, 10, 64, False, -6.0), ((1,), 24, 24, 2, 2, 1, 1, True, 1.0)] if d.hidden else []
-    return d.cases([((2,), 64, 64, 4, 4, 8, 16, False, 1.0), ((1, 2), 40, 56, 4, 3, 16, 24, True, 2.0),
-                    ((2,), 48, 48, 4, 4, 8, 16, True, 6.0)] + hidden, drawn, 3)
-
-
-@_one_thread
-def check_flash_attention(flash_attention, hidden: bool = False) -> None:
-    d = draw("flash_attention", hidden)
-    for case in _flash_cases(d):
+    cases = d.cases([((2,), 64, 64, 4, 4, 8, 16, False, 1.0), ((1, 2), 40, 56, 4, 3, 16, 24, True, 2.0),
+                     ((2,), 48, 48, 4, 4, 8, 16, True, 6.0)] + extra, drawn, 3)
+    for case in cases:
         _check_flash_case(flash_attention, d, *case)
     _check_flash_merge(flash_attention, d)
     _check_flash_dtypes(flash_attention, d)
@@ -1224,19 +1204,6 @@ _CHANGES_CACHE = {"no_offset", "cache_rotated_twice", "interleaved"}     # kinds
 _NEEDS_CACHE = {"no_offset", "cache_rotated_twice", "top_left"}          # kinds that change nothing without a cache
 
 
-def _step_cases(d) -> list:
-    """(B, n_heads, n_kv_heads, d_head, T_past, T_new, vocab, base, dtype); d_model = n_heads * d_head."""
-    cases = [(1, 4, 2, 8, 5, 1, 11, 10000.0, torch.float32), (2, 4, 1, 8, 3, 4, 13, 100.0, torch.float32),
-             (1, 2, 1, 8, 4, 2, 10, 10000.0, torch.float64)]
-    if d.hidden:
-        cases += [(2, 2, 2, 16, 0, 3, 9, 10000.0, torch.float64), (1, 6, 3, 4, 17, 2, 20, 500.0, torch.float64)]
-        for dtype, n_kv in ((dtype, d.rng.randrange(1, 4)) for dtype in (torch.float32, torch.float64)):
-            cases.append((d.rng.randrange(1, 3), n_kv * d.rng.randrange(1, 4), n_kv, 2 * d.rng.randrange(2, 9),
-                          d.rng.randrange(0, 25), d.rng.randrange(1, 6), d.rng.randrange(5, 40),
-                          d.rng.choice([100.0, 1000.0, 10000.0]), dtype))
-    return cases
-
-
 @_one_thread
 def check_decoder_attention_step(decoder_attention_step, decoder_mask=None, grouped_query_attention=None,
                                  hidden: bool = False) -> None:
@@ -1246,7 +1213,16 @@ def check_decoder_attention_step(decoder_attention_step, decoder_mask=None, grou
     with earlier_first(*earlier_answers(
             "decoder_attention_step", ("may call your decoder_mask", 3, decoder_mask, check_decoder_mask),
             ("may call your grouped_query_attention", 5, grouped_query_attention, check_grouped_query_attention))):
-        for case in _step_cases(d):
+        # (B, n_heads, n_kv_heads, d_head, T_past, T_new, vocab, base, dtype); d_model = n_heads * d_head.
+        cases = [(1, 4, 2, 8, 5, 1, 11, 10000.0, torch.float32), (2, 4, 1, 8, 3, 4, 13, 100.0, torch.float32),
+                 (1, 2, 1, 8, 4, 2, 10, 10000.0, torch.float64)]
+        if d.hidden:
+            cases += [(2, 2, 2, 16, 0, 3, 9, 10000.0, torch.float64), (1, 6, 3, 4, 17, 2, 20, 500.0, torch.float64)]
+            for dtype, n_kv in ((dtype, d.rng.randrange(1, 4)) for dtype in (torch.float32, torch.float64)):
+                cases.append((d.rng.randrange(1, 3), n_kv * d.rng.randrange(1, 4), n_kv, 2 * d.rng.randrange(2, 9),
+                              d.rng.randrange(0, 25), d.rng.randrange(1, 6), d.rng.randrange(5, 40),
+                              d.rng.choice([100.0, 1000.0, 10000.0]), dtype))
+        for case in cases:
             _check_step_case(decoder_attention_step, d, *case)
 
 

@@ -27,7 +27,7 @@ from ._vocabulary import compare, diagnose, draw, expect, fail, matches, when
 _SDPA = ((F, "scaled_dot_product_attention"), (F, "multi_head_attention_forward"))
 
 
-def _copies(*tensors):
+def _copies(*tensors):  # vocabulary? every check that hands tensors to an answer needs it
     """What the answer gets: copies, so that the oracle and the variants see the inputs as drawn."""
     return [t if t is None else t.clone() for t in tensors]
 

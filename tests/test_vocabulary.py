@@ -104,3 +104,10 @@ def test_an_earlier_answer_at_fault_is_blamed_by_field():
     assert err.what == "train_bpe learned the wrong merges."
     assert err.blamed == "train_bpe calls your get_pair_counts, which fails exercise 1's tests"
     assert err.hint.endswith("fix that exercise first. Its test says: count every pair.")
+
+
+def test_compare_reports_the_worst_entry_past_equal_infinities():
+    want = torch.tensor([float("-inf"), 1.0, float("inf")])
+    with pytest.raises(CheckFailed) as caught:
+        compare(torch.tensor([float("-inf"), 3.0, float("inf")]), want, "mask", "hint")
+    assert "largest difference 2 at index 1" in caught.value.what

@@ -188,7 +188,7 @@ def _tensor_difference(got: Any, want: torch.Tensor) -> str:
         return f"got shape {tuple(got.shape)}, expected {tuple(want.shape)}."
     a, b = got.detach().to(torch.float64), want.detach().to(torch.float64)
     diff = (a - b).abs().nan_to_num(float("inf"))
-    diff[a.isnan() & b.isnan()] = 0
+    diff[(a.isnan() & b.isnan()) | (a == b)] = 0      # equal infinities too: inf - inf is NaN
     if diff.dim() == 0:
         return f"got {a.item():.6g}, expected {b.item():.6g}."
     worst = int(diff.argmax())

@@ -1,17 +1,15 @@
-"""Checks for chapter 6: sampling, the KV cache, generation, beam search, int8 weights,
-memory estimates and speculative decoding.
+"""Checks for chapter 6: sampling, the KV cache, generation, beam search, int8 weights, memory estimates and
+speculative decoding.
 
-Oracles: the sampling pipeline written here in float64 (penalty, temperature, top-k, top-p)
-and ``torch.multinomial`` with a generator of the same seed; grouped-query attention with RoPE
-over the whole sequence in float64 (the uncached model); a small decoder of our own, fed each
-prompt alone without padding or cache, whose greedy choice every generated token of the batch
-must be (within 1e-4 of the largest logit), with the inputs of every call recorded; a
-reference beam search; per-group int8 quantisation by its definition; parameter counts checked
-against published totals (Llama-2-7B has 6,738,415,616 parameters); and, for speculative
-decoding, chi-square tests of the emitted tokens against the target distribution, each
-bounded at p = 1e-7: a hidden run makes one per emitted position of each case (besides the
-acceptance-rate tests at 5.5 sigma), so a correct answer fails in a small multiple of one run
-in ten million.
+Oracles: the sampling pipeline written here in float64 (penalty, temperature, top-k, top-p) and
+``torch.multinomial`` with a generator of the same seed; grouped-query attention with RoPE over the whole sequence
+in float64 (the uncached model); a small decoder of our own, fed each prompt alone without padding or cache, whose
+greedy choice every generated token of the batch must be (within 1e-4 of the largest logit), with the inputs of
+every call recorded; a reference beam search; per-group int8 quantisation by its definition; parameter counts
+checked against published totals (Llama-2-7B has 6,738,415,616 parameters); and, for speculative decoding,
+chi-square tests of the emitted tokens against the target distribution, each bounded at p = 1e-7: a hidden run
+makes one per emitted position of each case (besides the acceptance-rate tests at 5.5 sigma), so a correct answer
+fails in a small multiple of one run in ten million.
 """
 
 from __future__ import annotations
@@ -308,18 +306,17 @@ def _attend64(x, weights, n_heads, n_kv_heads, base, positions, allowed, past=No
 
 
 def _weights(module, d_model, n_heads, n_kv_heads) -> list[torch.Tensor]:
+    """The four projections' weights, q, k, v, out: (d_model or n_kv_heads * d_head, d_model)."""
+    layers = [getattr(module, name, None) for name in ("q_proj", "k_proj", "v_proj", "out_proj")]
+    expect(all(isinstance(layer, nn.Linear) for layer in layers), "CachedSelfAttention needs nn.Linear attributes "
+           "q_proj, k_proj, v_proj and out_proj.", "create them in __init__ as nn.Linear(..., bias=False), with "
+           "exactly these names.")
     kv = n_kv_heads * (d_model // n_heads)
-    out = []
-    for name, shape in {"q_proj": (d_model, d_model), "k_proj": (kv, d_model), "v_proj": (kv, d_model),
-                        "out_proj": (d_model, d_model)}.items():
-        layer = getattr(module, name, None)
-        expect(isinstance(layer, nn.Linear), f"CachedSelfAttention needs an nn.Linear attribute `{name}`.",
-               f"create self.{name} = nn.Linear(..., bias=False) in __init__ with exactly this name.")
-        expect(tuple(layer.weight.shape) == shape, f"{name}.weight has shape {tuple(layer.weight.shape)}, expected "
-               f"{shape}.", "q_proj and out_proj are (d_model, d_model); k_proj and v_proj produce n_kv_heads * "
-               "d_head features.")
-        out.append(layer.weight.detach())
-    return out
+    compare([tuple(layer.weight.shape) for layer in layers], [(d_model, d_model), (kv, d_model), (kv, d_model),
+                                                               (d_model, d_model)],
+            "the weight shapes of q_proj, k_proj, v_proj and out_proj", "q_proj and out_proj are (d_model, d_model); "
+            "k_proj and v_proj produce n_kv_heads * d_head features.")
+    return [layer.weight.detach() for layer in layers]
 
 
 @_one_thread
@@ -402,15 +399,14 @@ def _check_step(module, x: torch.Tensor, start: int, n: int, cache, heads: tuple
 
 
 class TinyDecoder(nn.Module):
-    """A small decoder built by the checks: ids (B, T), caches, positions (B, T), attention_mask (B, T_past + T)
-    -> logits (B, T, V), new caches.
+    """A small decoder built by the checks: ids (B, T), caches, positions (B, T), attention_mask (B, T_past + T) ->
+    logits (B, T, V), new caches.
 
-    Token embeddings plus learned absolute position embeddings (so that a wrong position changes the
-    output), then layers of grouped-query attention with RoPE and an MLP. Each layer caches (k, v) of
-    shape (B, n_kv_heads, T_total, d_head). The model records the inputs of its first calls in buffers
-    (the grader gets a module's state back from the student's kernel, not its Python attributes), which
-    the check reads to say what went wrong. It runs in the kernel, so it fails with ``_core.expect``
-    (the kernel's course has ``_core``)."""
+    Token embeddings plus learned absolute position embeddings (so that a wrong position changes the output), then
+    layers of grouped-query attention with RoPE and an MLP. Each layer caches (k, v) of shape (B, n_kv_heads,
+    T_total, d_head). The model records the inputs of its first calls in buffers (the grader gets a module's state
+    back from the student's kernel, not its Python attributes), which the check reads to say what went wrong. It
+    runs in the kernel, so it fails with ``_core.expect`` (the kernel's course has ``_core``)."""
 
     MAX_CALLS, MAX_BATCH, MAX_KEYS = 16, 8, 64
 
@@ -898,14 +894,11 @@ _PARAM_HINTS = [
 
 def _memory_oracle(c: dict, seq_len: int, batch: int, wdt: torch.dtype, kvdt: torch.dtype | None,
                    variant: str = "ok") -> int:
-    size = torch.empty((), dtype=wdt).element_size()
-    kvsize = {"kv_in_weight_dtype": size, "kv_two_bytes": 2}.get(variant,
-                                                                 torch.empty((), dtype=kvdt or wdt).element_size())
+    size, kvsize = (torch.empty((), dtype=t).element_size() for t in (wdt, kvdt or wdt))
+    kvsize = {"kv_in_weight_dtype": size, "kv_two_bytes": 2}.get(variant, kvsize)
     heads = c["n_heads"] if variant == "kv_n_heads" else c["n_kv_heads"]
-    two = 1 if variant == "kv_once" else 2
-    b = 1 if variant == "no_batch" else batch
-    d_head = c["d_model"] // c["n_heads"]
-    return _params_oracle(c) * size + two * c["n_layers"] * b * seq_len * heads * d_head * kvsize
+    per_token = (1 if variant == "kv_once" else 2) * c["n_layers"] * heads * (c["d_model"] // c["n_heads"]) * kvsize
+    return _params_oracle(c) * size + per_token * seq_len * (1 if variant == "no_batch" else batch)
 
 
 _MEMORY_HINTS = [
@@ -944,8 +937,6 @@ def _memory_cases(d) -> list[tuple]:
 # The prediction of exercise 7: the KV cache of Qwen2-7B (28 layers, 4 key/value heads of 128) for 8 sequences of
 # 32,768 tokens, in bfloat16.
 KV_PREDICTION = dict(n_layers=28, n_heads=28, n_kv_heads=4, d_head=128, seq_len=32768, batch_size=8, bytes=2)
-
-
 KV_ANSWER = 2 * math.prod(v for k, v in KV_PREDICTION.items() if k != "n_heads")   # a key and a value
 
 

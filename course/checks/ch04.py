@@ -9,9 +9,9 @@ Oracles: ``F.gelu`` (both forms), ``F.silu``, ``F.layer_norm`` and ``F.rms_norm`
 here (never in the answers), a decoder block written with ``F.scaled_dot_product_attention``
 (``enable_gqa``) and a RoPE written as complex multiplication, models built from ``nn``
 modules on the meta device and counted, hand-derived counts, and a slow per-token loop for
-the mixture of experts. Properties: output statistics of the norms, causality of the block,
-a mixture with one expert and k = 1 equals the FFN, every routing choice either kept or
-dropped and no expert over its capacity.
+the mixture of experts. Properties: causality of the block, a mixture with one expert and
+k = 1 equals the FFN, every routing choice either kept or dropped and no expert over its
+capacity.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ import torch.nn.functional as F
 
 from ._core import CheckFailed, call, earlier_answers, earlier_first, expect_tensor, forbid, judge_prediction
 from ._core import meta_table, one_thread as _one_thread
-from ._vocabulary import compare, diagnose, draw, expect, fail, matches, when
+from ._vocabulary import compare, draw, expect, fail, when
 from .ch03 import _rope_complex
 
 # ----------------------------------------------------------------------------- helpers
@@ -34,18 +34,6 @@ from .ch03 import _rope_complex
 _ACTIVATIONS = ((F, "gelu"), (F, "silu"))
 _NORMS = ((F, "layer_norm"), (F, "rms_norm"), (torch, "layer_norm"), (torch, "rms_norm"))
 _LOW = (torch.bfloat16, torch.float16)
-
-
-def _tensor_out(value: Any, shape: tuple[int, ...], what: str) -> torch.Tensor:
-    """The student's output as a plain (detached) tensor of the expected shape."""
-    expect_tensor(value, shape, what)
-    return value.detach()
-
-
-def _norm_tol(x: torch.Tensor) -> tuple[float, float] | None:
-    """A float32 norm's output is exact to about 1e-4, not float32's 1e-5: the statistics are computed in
-    float32 (the exercises), and x - mean cancels digits in rows with a large mean and a small spread."""
-    return None if x.dtype in _LOW else (1e-4, 1e-4)
 
 
 def _precision(x: torch.Tensor) -> torch.dtype:
@@ -95,17 +83,15 @@ _ACTIVATION_REFERENCES = {"gelu": lambda x: F.gelu(x), "gelu_tanh": lambda x: F.
 
 def _activation_variants(x: torch.Tensor, name: str) -> list:
     """The usual wrong activations of ``x`` that can pass for ``name``, with their hints."""
-    gelus = {"gelu", "gelu_tanh"}
-    every = gelus | {"silu"}
+    gelus, every = {"gelu", "gelu_tanh"}, {"gelu", "gelu_tanh", "silu"}
     variants = [
         (lambda: _ACTIVATION_REFERENCES[name](x.float()) if x.dtype == torch.float64 else None, every,
          "keep the input's dtype: this float64 input was computed in float32 (a float32 tensor or .float() in the "
          "formula)."),
         (lambda: F.gelu(x, approximate="tanh"), {"gelu"},
          "that is the tanh approximation of GELU; gelu asks for the exact form 0.5 * x * (1 + erf(x / sqrt(2)))."),
-        (lambda: F.gelu(x), {"gelu_tanh"},
-         "that is the exact GELU (with erf); gelu_tanh asks for the tanh approximation "
-         "0.5 * x * (1 + tanh(sqrt(2 / pi) * (x + 0.044715 * x**3)))."),
+        (lambda: F.gelu(x), {"gelu_tanh"}, "that is the exact GELU (with erf); gelu_tanh asks for the tanh "
+                                           "approximation 0.5 * x * (1 + tanh(sqrt(2 / pi) * (x + 0.044715 * x**3)))."),
         (lambda: x * torch.sigmoid(1.702 * x), gelus,
          "x * sigmoid(1.702 x) is a cruder approximation of GELU; write the formula the exercise gives."),
         (lambda: torch.relu(x), every, "that is ReLU, max(0, x): it is not smooth around 0 and has no negative dip."),
@@ -123,47 +109,41 @@ def _activation_variants(x: torch.Tensor, name: str) -> list:
     return [(variant, hint) for variant, names, hint in variants if name in names]
 
 
-def _activation_inputs(d) -> list[torch.Tensor]:
-    """Float32 inputs (and float64 hidden), then reduced precision: bfloat16 (and float16 hidden)."""
+@_one_thread
+def check_activations(gelu=None, gelu_tanh=None, silu=None, hidden: bool = False) -> None:
+    """Each answer given against PyTorch's: float32 inputs (and float64 hidden), then reduced precision."""
+    d = draw("activations", hidden)
     xs = [torch.linspace(-6, 6, 241), d.randn(3, 17) * 3]
-    if d.hidden:
+    if hidden:
         xs += [d.randn(2, d.rng.randrange(5, 60), 3) * 10,
                torch.tensor([0.0, -0.0, 1e-8, -1e-8, 30.0, -30.0, 80.0, -80.0, 1e4, -1e4]),
                torch.linspace(-3, 3, 7).to(torch.float64)]
-    return xs + [(d.randn(64 if d.hidden else 16) * 4).to(dtype) for dtype in (_LOW if d.hidden else _LOW[:1])]
-
-
-@_one_thread
-def check_activations(gelu, gelu_tanh, silu, hidden: bool = False) -> None:
-    _check_activations({"gelu": gelu, "gelu_tanh": gelu_tanh, "silu": silu}, hidden)
-
-
-def _check_activations(functions: dict[str, Callable], hidden: bool) -> None:
-    """Each of ``functions`` (named as in _ACTIVATION_REFERENCES) against PyTorch's."""
-    for x in _activation_inputs(draw("activations", hidden)):
-        low = x.dtype in _LOW
-        for name, fn in functions.items():
+    xs += [(d.randn(64 if hidden else 16) * 4).to(dtype) for dtype in (_LOW if hidden else _LOW[:1])]
+    for x in xs:
+        for name, fn in (("gelu", gelu), ("gelu_tanh", gelu_tanh), ("silu", silu)):
+            if fn is None:
+                continue
             with forbid(*_ACTIVATIONS, exercise=f"{name} from elementary operations"):
-                got = _tensor_out(call(fn, x.clone(), name=name), tuple(x.shape), f"{name} output")
+                got = expect_tensor(call(fn, x.clone(), name=name), tuple(x.shape), f"{name} output")
             expect(got.dtype == x.dtype, f"{name} returned {got.dtype} for a {x.dtype} input.", _KEEP_DTYPE)
             # In reduced precision each intermediate of the formula is rounded (1 + erf(x) cancels for
             # negative x): the values are those of the float32 formula within a few units of bfloat16.
-            exact = x.float() if low else x
+            exact = x.float() if x.dtype in _LOW else x
             compare(got, _ACTIVATION_REFERENCES[name](exact),
                     f"{name} on {str(x.dtype)[6:]} inputs in [{x.min().item():.3g}, {x.max().item():.3g}]",
                     "compare your formula term by term with the one in the exercise.",
-                    variants=_activation_variants(exact, name), tol=(3e-2, 3e-2) if low else None)
+                    variants=_activation_variants(exact, name), tol=(3e-2, 3e-2) if x.dtype in _LOW else None)
 
 
 def _calls(who: str, gelu=None, silu=None, LayerNorm=None, FeedForward=None, RMSNorm=None, SwiGLU=None) -> list:
     """(what, check) pairs for the earlier answers that ``who`` calls, deepest first: a failure
     that one of them explains is blamed on it (``earlier_first``)."""
-    return earlier_answers(who, ("calls your gelu", 1, gelu, lambda f: _check_activations({"gelu": f}, False)),
-                           ("calls your silu", 1, silu, lambda f: _check_activations({"silu": f}, False)),
+    return earlier_answers(who, ("calls your gelu", 1, gelu, lambda f: check_activations(gelu=f)),
+                           ("calls your silu", 1, silu, lambda f: check_activations(silu=f)),
                            ("uses your LayerNorm", 4, LayerNorm, check_layer_norm),
-                           ("uses your RMSNorm", 5, RMSNorm, lambda f: _check_rms_norm(f, False, last_axis_only=True)),
+                           ("uses your RMSNorm", 5, RMSNorm, lambda f: check_rms_norm(f, last_axis_only=True)),
                            ("uses your FeedForward", 2, FeedForward, check_feed_forward),
-                           ("uses your SwiGLU", 3, SwiGLU, lambda f: _check_swiglu(f, False, given_width_only=True)))
+                           ("uses your SwiGLU", 3, SwiGLU, lambda f: check_swiglu(f, given_width_only=True)))
 
 # ----------------------------------------------------------------------------- exercise 2
 
@@ -188,36 +168,32 @@ def _ffn_variants(x: torch.Tensor, w1, b1, w2, b2) -> list:
 @_one_thread
 def check_feed_forward(FeedForward, gelu=None, hidden: bool = False) -> None:
     """gelu, when given, is the exercise 1 answer that FeedForward calls."""
-    with earlier_first(*_calls("FeedForward", gelu=gelu)):
-        _check_feed_forward(FeedForward, hidden)
-
-
-def _check_feed_forward(FeedForward, hidden: bool) -> None:
     d = draw("feed_forward", hidden)
     configs = [(16, None), (12, 20)]
     if hidden:
         configs += [(1, None), (d.rng.randrange(2, 40), None), (d.rng.randrange(2, 40), d.rng.randrange(1, 70))]
-    for d_model, d_ff in configs:
-        args = (d_model,) if d_ff is None else (d_model, d_ff)
-        module = call(FeedForward, *args, name="FeedForward(...)")
-        width = 4 * d_model if d_ff is None else d_ff
-        w1, b1 = _fill(_check_linear(module, "fc1", d_model, width, True, "FeedForward"), d, 2.0)
-        w2, b2 = _fill(_check_linear(module, "fc2", width, d_model, True, "FeedForward"), d)
-        want_n = 2 * d_model * width + width + d_model
-        expect(_n_params(module) == want_n, f"FeedForward({', '.join(map(str, args))}) has {_n_params(module)} "
-               f"parameters, expected {want_n}.", "the FFN holds exactly fc1 and fc2 (weights and biases); nothing "
-               "else learns.")
-        shape = (2, 5, d_model) if not hidden else (d.rng.randrange(1, 4), d.rng.randrange(1, 7), d_model)
-        x = d.randn(*shape)
-        with forbid((F, "gelu"), exercise="the FFN with your own gelu"):
-            got = _tensor_out(call(module, x.clone(), name="FeedForward.forward"), shape, "FeedForward output")
-        compare(got, _ffn_ref(x, w1, b1, w2, b2), f"FeedForward output (d_model={d_model}, d_ff={width})",
-                "forward is fc2(gelu(fc1(x))): expand, activate, project.", variants=_ffn_variants(x, w1, b1, w2, b2))
-        if hidden:   # position-wise: each token is transformed on its own
-            row = _tensor_out(call(module, x[:, :1].clone(), name="FeedForward.forward"), (shape[0], 1, d_model),
-                              "FeedForward output for one position")
-            compare(row, got[:, :1], "the FFN output at position 0, once the other positions were removed,",
-                    "the FFN acts on each position on its own: no mixing along T.")
+    with earlier_first(*_calls("FeedForward", gelu=gelu)):
+        for d_model, d_ff in configs:
+            args = (d_model,) if d_ff is None else (d_model, d_ff)
+            module = call(FeedForward, *args, name="FeedForward(...)")
+            width = 4 * d_model if d_ff is None else d_ff
+            w1, b1 = _fill(_check_linear(module, "fc1", d_model, width, True, "FeedForward"), d, 2.0)
+            w2, b2 = _fill(_check_linear(module, "fc2", width, d_model, True, "FeedForward"), d)
+            want_n = 2 * d_model * width + width + d_model
+            expect(_n_params(module) == want_n, f"FeedForward({', '.join(map(str, args))}) has {_n_params(module)} "
+                   f"parameters, expected {want_n}.", "the FFN holds exactly fc1 and fc2 (weights and biases); "
+                   "nothing else learns.")
+            shape = (2, 5, d_model) if not hidden else (d.rng.randrange(1, 4), d.rng.randrange(1, 7), d_model)
+            x = d.randn(*shape)
+            with forbid((F, "gelu"), exercise="the FFN with your own gelu"):
+                got = call(module, x.clone(), name="FeedForward.forward")
+            compare(got, _ffn_ref(x, w1, b1, w2, b2), f"FeedForward output (d_model={d_model}, d_ff={width})",
+                    "forward is fc2(gelu(fc1(x))): expand, activate, project.",
+                    variants=_ffn_variants(x, w1, b1, w2, b2))
+            if hidden:   # position-wise: each token is transformed on its own
+                compare(call(module, x[:, :1].clone(), name="FeedForward.forward"), got.detach()[:, :1],
+                        "the FFN output at position 0, once the other positions were removed,",
+                        "the FFN acts on each position on its own: no mixing along T.")
 
 # ----------------------------------------------------------------------------- exercise 3
 
@@ -260,14 +236,8 @@ def check_swiglu_hidden(swiglu_hidden, hidden: bool = False) -> None:
                "return a Python int (use // and int(...)), not a float or a tensor.")
         compare(got, _swiglu_hidden_ref(d_model, m, mult), f"swiglu_hidden({shown})",
                 "hidden = int(2 * 4 * d_model / 3), then int(ffn_dim_multiplier * hidden) when a multiplier is "
-                "given, then round up to a multiple of multiple_of.", variants=_swiglu_hidden_variants(d_model, m, mult))
-
-
-@_one_thread
-def check_swiglu(SwiGLU, silu=None, hidden: bool = False) -> None:
-    """silu, when given, is the exercise 1 answer that SwiGLU calls."""
-    with earlier_first(*_calls("SwiGLU", silu=silu)):
-        _check_swiglu(SwiGLU, hidden)
+                "given, then round up to a multiple of multiple_of.",
+                variants=_swiglu_hidden_variants(d_model, m, mult))
 
 
 def _swiglu_variants(x, W, Wd, h) -> list:
@@ -287,48 +257,47 @@ def _swiglu_variants(x, W, Wd, h) -> list:
              "silu was applied to the product: apply it to the gate only, then multiply by up.")]
 
 
-def _swiglu_configs(d, given_width_only: bool) -> list[tuple]:
-    """(d_model, multiple_of, ffn_dim_multiplier, d_hidden or None for the computed width)."""
-    if given_width_only:
-        return [(16, 64, None, 24), (10, 64, None, 12)]
-    configs = [(24, 16, None, None), (48, 64, None, None), (20, 8, 1.5, None), (10, 64, None, 12)]
-    if d.hidden:
-        configs += [(d.rng.randrange(4, 60), d.rng.choice([1, 8, 32]), d.rng.choice([None, 1.3, 0.75]), None)
-                    for _ in range(2)] + [(7, 1, None, None), (d.rng.randrange(2, 30), 64, None, d.rng.randrange(1, 40))]
-    return configs
-
-
-def _check_swiglu(SwiGLU, hidden: bool, given_width_only: bool = False) -> None:
-    """``given_width_only``: only SwiGLU(d_model, d_hidden), the part that the decoder block calls."""
+@_one_thread
+def check_swiglu(SwiGLU, silu=None, hidden: bool = False, given_width_only: bool = False) -> None:
+    """silu, when given, is the exercise 1 answer that SwiGLU calls. ``given_width_only``: only
+    SwiGLU(d_model, d_hidden), the part that the decoder block calls."""
     d = draw("swiglu", hidden)
-    for i, (d_model, m, mult, d_hidden) in enumerate(_swiglu_configs(d, given_width_only)):
-        kwargs = {"multiple_of": m} if d_hidden is None else {}
-        if mult is not None:
-            kwargs["ffn_dim_multiplier"] = mult
-        args = (d_model,) if d_hidden is None else (d_model, d_hidden)
-        shown = ", ".join([*map(str, args), *(f"{k}={v}" for k, v in kwargs.items())])
-        module = call(SwiGLU, *args, name=f"SwiGLU({shown})", **kwargs)
-        h = _swiglu_hidden_ref(d_model, m, mult) if d_hidden is None else d_hidden
-        W = _fill(_check_linear(module, "w_gate_up", d_model, 2 * h, False, "SwiGLU"), d, 2.0)[0]
-        Wd = _fill(_check_linear(module, "w_down", h, d_model, False, "SwiGLU"), d)[0]
-        expect(_n_params(module) == 3 * d_model * h, f"SwiGLU({shown}) has {_n_params(module)} parameters, expected "
-               f"3 * d_model * d_hidden = {3 * d_model * h}.", "SwiGLU holds exactly w_gate_up and w_down, without "
-               "biases.")
-        for dtype in (torch.float32,) if not hidden or i % 2 else (torch.float32, torch.float64):
-            module.to(dtype)
-            shape = (2, 3, d_model) if not hidden else (d.rng.randrange(1, 4), d.rng.randrange(1, 6), d_model)
-            x = d.randn(*shape, dtype=torch.float64).to(dtype)
-            with forbid((F, "silu"), exercise="SwiGLU with your own silu"):
-                got = _tensor_out(call(module, x.clone(), name="SwiGLU.forward"), shape, "SwiGLU output")
-            expect(got.dtype == dtype, f"SwiGLU returned {got.dtype} for a {dtype} input.",
-                   "build nothing in a fixed dtype: the layers follow the module's dtype.")
-            Wt, Wdt = W.to(dtype), Wd.to(dtype)
-            compare(got, F.linear(F.silu(F.linear(x, Wt[:h])) * F.linear(x, Wt[h:]), Wdt),
-                    f"SwiGLU output ({shown}, {str(dtype)[6:]}), against w_down(silu(gate) * up) with gate and up "
-                    "the first and second halves of w_gate_up(x)",
-                    "forward is w_down(silu(gate) * up), with gate, up = the two halves of w_gate_up(x).",
-                    variants=_swiglu_variants(x, Wt, Wdt, h))
-        module.float()
+    # (d_model, multiple_of, ffn_dim_multiplier, d_hidden or None for the computed width)
+    configs = [(24, 16, None, None), (48, 64, None, None), (20, 8, 1.5, None), (10, 64, None, 12)]
+    if given_width_only:
+        configs = [(16, 64, None, 24), (10, 64, None, 12)]
+    elif hidden:
+        configs += [(d.rng.randrange(4, 60), d.rng.choice([1, 8, 32]), d.rng.choice([None, 1.3, 0.75]), None)
+                    for _ in range(2)]
+        configs += [(7, 1, None, None), (d.rng.randrange(2, 30), 64, None, d.rng.randrange(1, 40))]
+    with earlier_first(*_calls("SwiGLU", silu=silu)):
+        for i, (d_model, m, mult, d_hidden) in enumerate(configs):
+            kwargs = {"multiple_of": m} if d_hidden is None else {}
+            kwargs.update({"ffn_dim_multiplier": mult} if mult is not None else {})
+            args = (d_model,) if d_hidden is None else (d_model, d_hidden)
+            shown = ", ".join([*map(str, args), *(f"{k}={v}" for k, v in kwargs.items())])
+            module = call(SwiGLU, *args, name=f"SwiGLU({shown})", **kwargs)
+            h = _swiglu_hidden_ref(d_model, m, mult) if d_hidden is None else d_hidden
+            W = _fill(_check_linear(module, "w_gate_up", d_model, 2 * h, False, "SwiGLU"), d, 2.0)[0]
+            Wd = _fill(_check_linear(module, "w_down", h, d_model, False, "SwiGLU"), d)[0]
+            expect(_n_params(module) == 3 * d_model * h, f"SwiGLU({shown}) has {_n_params(module)} parameters, "
+                   f"expected 3 * d_model * d_hidden = {3 * d_model * h}.", "SwiGLU holds exactly w_gate_up and "
+                   "w_down, without biases.")
+            for dtype in (torch.float32,) if not hidden or i % 2 else (torch.float32, torch.float64):
+                shape = (2, 3, d_model) if not hidden else (d.rng.randrange(1, 4), d.rng.randrange(1, 6), d_model)
+                x = d.randn(*shape, dtype=torch.float64).to(dtype)
+                with forbid((F, "silu"), exercise="SwiGLU with your own silu"):
+                    got = expect_tensor(call(module.to(dtype), x.clone(), name="SwiGLU.forward"), shape, "SwiGLU "
+                                        "output")
+                expect(got.dtype == dtype, f"SwiGLU returned {got.dtype} for a {dtype} input.",
+                       "build nothing in a fixed dtype: the layers follow the module's dtype.")
+                Wt, Wdt = W.to(dtype), Wd.to(dtype)
+                compare(got, F.linear(F.silu(F.linear(x, Wt[:h])) * F.linear(x, Wt[h:]), Wdt),
+                        f"SwiGLU output ({shown}, {str(dtype)[6:]}), against w_down(silu(gate) * up) with gate and "
+                        "up the first and second halves of w_gate_up(x)",
+                        "forward is w_down(silu(gate) * up), with gate, up = the two halves of w_gate_up(x).",
+                        variants=_swiglu_variants(x, Wt, Wdt, h))
+            module.float()
 
 # ----------------------------------------------------------------------------- exercise 4 and 5
 
@@ -350,32 +319,25 @@ def _norm_inputs(d, n: int) -> list[tuple[torch.Tensor, str]]:
     return cases
 
 
-def _norm_fallback(x: torch.Tensor, kind: str, along: str = "over its last dimension (d_model)") -> str:
-    if x.dtype in _LOW:
-        return (f"the statistics were computed in {str(x.dtype)[6:]}: compute them in float32 (x.float()), "
-                "normalise, then cast the result back to the input's dtype.")
-    return f"{kind} normalises each vector {along}, with keepdim=True."
-
-
 def _layer_norm_variants(x: torch.Tensor, w, b, eps: float, shape: tuple[int, ...]) -> list:
     """The usual wrong LayerNorms of ``x`` (normalised over its trailing ``shape``), with their hints."""
     k, n = len(shape), math.prod(shape)
     x32 = x.float().reshape(*x.shape[:x.dim() - k], n)       # the normalised block flattened
     w, b = w.reshape(n), b.reshape(n)
     mu, var = x32.mean(-1, keepdim=True), x32.var(-1, keepdim=True, unbiased=False)
+    z = (x32 - mu) / torch.sqrt(var + eps)                   # normalised right, before the affine map
     last = x.float().mean(-1, keepdim=True), x.float().var(-1, keepdim=True, unbiased=False)
     out = [((x.float() - last[0]) / torch.sqrt(last[1] + eps) * w.reshape(shape) + b.reshape(shape) if k > 1 else None,
             f"the statistics were taken over the last dimension only: LayerNorm({shape}) normalises over the last "
             f"{k} dimensions at once (mean and var accept a tuple of dims)."),
            ((x32 - mu) / torch.sqrt(x32.var(-1, keepdim=True) + eps) * w + b if n > 1 else None,
-            "the variance is the biased one (divide by d_model, not d_model - 1): "
-            "x.var(-1, unbiased=False) or ((x - mean) ** 2).mean(-1)."),
+            "the variance is the biased one (divide by d_model, not d_model - 1): x.var(-1, unbiased=False) or "
+            "((x - mean) ** 2).mean(-1)."),
            ((x32 - mu) / (torch.sqrt(var) + eps) * w + b, "eps goes inside the square root: (x - mean) / sqrt(var + "
                                                           "eps)."),
-           ((x32 - mu) / torch.sqrt(var + eps), "the affine parameters were not applied: multiply by weight and add "
-                                                "bias after normalising."),
-           ((x32 - mu) / torch.sqrt(var + eps) * w, "the bias was not added after scaling by weight."),
-           ((x32 - mu) / torch.sqrt(var + eps) + b, "the output was not multiplied by weight."),
+           (z, "the affine parameters were not applied: multiply by weight and add bias after normalising."),
+           (z * w, "the bias was not added after scaling by weight."),
+           (z + b, "the output was not multiplied by weight."),
            ((x32 - mu) / torch.sqrt(var) * w + b, "eps is missing: (x - mean) / sqrt(var + eps)."),
            (x32 / torch.sqrt(x32.pow(2).mean(-1, keepdim=True) + eps) * w + b,
             "the mean was not subtracted: that is RMSNorm; LayerNorm centres first."),
@@ -385,101 +347,17 @@ def _layer_norm_variants(x: torch.Tensor, w, b, eps: float, shape: tuple[int, ..
     return [(None if v is None else v.reshape(x.shape).to(_precision(x)), hint) for v, hint in out]
 
 
-def _affine_params(module: Any, shape: tuple[int, ...], cls: str, bias: bool) -> None:
-    weight = getattr(module, "weight", None)
-    expect(isinstance(weight, nn.Parameter), f"{cls} needs a learnable `weight` (an nn.Parameter).",
-           "the affine scale: self.weight = nn.Parameter(torch.ones(...)).")
-    w0 = weight.detach()
-    expect(tuple(w0.shape) == shape, f"{cls}.weight has shape {tuple(w0.shape)}, expected {shape}.",
-           "one scale per normalised element: torch.ones(normalized_shape)." if cls == "LayerNorm" else
-           "one scale per feature: torch.ones(d).")
-    expect(w0.dtype == torch.float32, f"{cls}.weight is {w0.dtype}, expected float32.",
-           "keep the parameters in float32; only the output takes the input's dtype.")
-    expect(torch.equal(w0, torch.ones(shape)), f"{cls}.weight starts at {w0.reshape(-1)[:4].tolist()}..., expected "
-           "ones.", "initialise weight to ones (torch.ones): zeros would make the output zero and cut the gradient."
-           if torch.equal(w0, torch.zeros(shape)) else "initialise weight to ones (torch.ones), so that the layer "
-           "starts as a pure normalisation.")
-    if bias:
-        b = getattr(module, "bias", None)
-        expect(isinstance(b, nn.Parameter), f"{cls} needs a learnable `bias` (an nn.Parameter).",
-               "the affine shift: self.bias = nn.Parameter(torch.zeros(normalized_shape)).")
-        expect(tuple(b.detach().shape) == shape and torch.equal(b.detach(), torch.zeros(shape)),
-               f"{cls}.bias should start as zeros of shape {shape}.",
-               "self.bias = nn.Parameter(torch.zeros(normalized_shape)).")
-    else:
-        expect(_n_params(module) == math.prod(shape), f"{cls}({math.prod(shape)}) has {_n_params(module)} "
-               f"parameters, expected {math.prod(shape)}.", "RMSNorm has a scale (weight) only: no bias, because it "
-               "does not centre.")
-
-
-def _norm_eps(module: Any, default: float, cls: str) -> float:
-    eps = getattr(module, "eps", None)
-    expect(isinstance(eps, float) and math.isclose(eps, default),
-           f"{cls}.eps is {eps!r}, expected {default}.", f"store the eps argument as self.eps (default {default}).")
-    return eps
-
-
-def _layer_norm_cases(d) -> list[tuple[Any, tuple[int, ...]]]:
-    """(the argument given to LayerNorm, the normalised shape)."""
-    if not d.hidden:
-        return [(16, (16,)), ((3, 5), (3, 5)), ((4,), (4,))]
-    n = d.rng.randrange(2, 65)
-    two = (d.rng.randrange(2, 7), d.rng.randrange(2, 9))
-    three = (2, d.rng.randrange(2, 5), 3)
-    return [(n, (n,)), (two, two), (list(three), three), (3, (3,)), ((1, 6), (1, 6))]
-
-
-def _run_norm(module: Any, x: torch.Tensor, cls: str, label: str) -> torch.Tensor:
-    with forbid(*_NORMS, exercise=cls):
-        got = _tensor_out(call(module, x.clone(), name=f"{cls}.forward"), tuple(x.shape), f"{cls} output ({label})")
-    expect(got.dtype == x.dtype, f"{cls} returned {got.dtype} for a {x.dtype} input.",
-           "compute the statistics in float32, then cast the result back: .to(x.dtype).")
-    return got
-
-
-@_one_thread
-def check_layer_norm(LayerNorm, hidden: bool = False) -> None:
-    d = draw("layer_norm", hidden)
-    for arg, shape in _layer_norm_cases(d):
-        module = call(LayerNorm, arg, name=f"LayerNorm({arg!r})")
-        expect(not any(isinstance(m, nn.LayerNorm) for m in module.modules()),
-               "LayerNorm contains an nn.LayerNorm.", "write the normalisation yourself: nn.LayerNorm is the oracle.")
-        _affine_params(module, shape, "LayerNorm", bias=True)
-        eps = _norm_eps(module, 1e-5, "LayerNorm")
-        _layer_norm_statistics(module, arg, shape, eps, d)
-        w, b = d.randn(*shape) * 0.5 + 1, d.randn(*shape)
-        with torch.no_grad():
-            module.weight.copy_(w)
-            module.bias.copy_(b)
-        for x, label in _norm_inputs(d, math.prod(shape)):
-            x = x.reshape(*x.shape[:-1], *shape)
-            got = _run_norm(module, x, "LayerNorm", label)
-            want = F.layer_norm(x.double(), shape, w.double(), b.double(), eps).to(_precision(x))
-            compare(got, want, f"LayerNorm({arg!r}) output ({label}, input shape {tuple(x.shape)})",
-                    _norm_fallback(x, "LayerNorm"), variants=_layer_norm_variants(x, w, b, eps, shape), tol=_norm_tol(x))
-
-
-def _layer_norm_statistics(module: Any, arg: Any, shape: tuple[int, ...], eps: float, d) -> None:
-    """With its initial parameters, the output has mean 0 and variance var / (var + eps) per block."""
-    dims = tuple(range(-len(shape), 0))
-    x = d.randn(3, 4, *shape) * 5 + 2
-    y = _run_norm(module, x, "LayerNorm", "float32")
-    mean, var = y.mean(dims), y.var(dims, unbiased=False)
-    var_in = x.double().var(dims, unbiased=False)
-    if not (matches(mean, torch.zeros(3, 4)) and matches(var, (var_in / (var_in + eps)).float())):
-        fail(f"LayerNorm({arg!r}) with weight = 1 and bias = 0: outputs should have mean 0 and (biased) variance "
-             f"1 over each block of shape {shape}; got means up to {mean.abs().max().item():.3g} and variances in "
-             f"[{var.min().item():.4g}, {var.max().item():.4g}].",
-             diagnose(y, _layer_norm_variants(x, torch.ones(shape), torch.zeros(shape), eps, shape),
-                      _norm_fallback(x, "LayerNorm")))
-
-
 def _rms_norm_variants(x: torch.Tensor, w, eps: float, axis: int) -> list:
     """The usual wrong RMSNorms of ``x`` along ``axis``, with their hints."""
     x32 = x.float().movedim(axis, -1)
-    ms = x32.pow(2).mean(-1, keepdim=True)
-    n = x32.shape[-1]
-    out = [((x32 - x32.mean(-1, keepdim=True)) / torch.sqrt(x32.var(-1, keepdim=True, unbiased=False) + eps) * w,
+    ms, n = x32.pow(2).mean(-1, keepdim=True), x32.shape[-1]
+    shape = [1] * x.dim()
+    shape[axis] = -1
+    last = x.float() * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + eps) * w.view(shape)
+    out = [(last.movedim(axis, -1) if axis not in (-1, x.dim() - 1) else None,
+            f"the root mean square was taken over the last axis: this RMSNorm normalises along axis {axis} "
+            f"(self.dim), of size {n}: mean(dim=self.dim, keepdim=True)."),
+           ((x32 - x32.mean(-1, keepdim=True)) / torch.sqrt(x32.var(-1, keepdim=True, unbiased=False) + eps) * w,
             "the mean was subtracted: that is LayerNorm; RMSNorm divides by the root mean square without centring."),
            (x32 / (torch.sqrt(ms) + eps) * w, "eps goes inside the square root: x / sqrt(mean(x**2) + eps)."),
            (x32 / torch.sqrt(ms + eps), "the output was not multiplied by weight."),
@@ -490,93 +368,130 @@ def _rms_norm_variants(x: torch.Tensor, w, eps: float, axis: int) -> list:
            (x32 * torch.sqrt(ms + eps) * w, "multiply by the reciprocal (rsqrt) of the RMS, not by the RMS."),
            (x32 / torch.sqrt(x32.pow(2).sum(-1, keepdim=True) / (n - 1) + eps) * w if n > 1 else None,
             "divide the sum of squares by d (the mean), not d - 1.")]
-    out = [(None if v is None else v.movedim(-1, axis), hint) for v, hint in out]
-    if axis not in (-1, x.dim() - 1):
-        shape = [1] * x.dim()
-        shape[axis] = -1
-        last = x.float() * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + eps) * w.view(shape)
-        out.insert(0, (last, f"the root mean square was taken over the last axis: this RMSNorm normalises along "
-                             f"axis {axis} (self.dim), of size {n}: mean(dim=self.dim, keepdim=True)."))
-    return [(None if v is None else v.to(_precision(x)), hint) for v, hint in out]
+    return [(None if v is None else v.movedim(-1, axis).to(_precision(x)), hint) for v, hint in out]
 
 
-def _rms_cases(d) -> list[tuple[int, int | None, int]]:
-    """(d, the dim argument or None for the default, the axis of d in the test inputs)."""
-    if not d.hidden:
-        return [(16, None, -1), (6, 1, 1), (5, -2, -2)]
-    return [(d.rng.randrange(2, 65), None, -1), (d.rng.randrange(2, 40), 1, 1), (3, 1, 1),
-            (d.rng.randrange(2, 12), -3, -3), (4, -1, -1)]
+def _norm_module(module: Any, cls: str, shape: tuple[int, ...], default_eps: float) -> float:
+    """Check a student's norm as built: no built-in inside, weight ones (and LayerNorm's bias zeros) in
+    float32, nothing else that learns; its eps."""
+    builtins = (nn.LayerNorm,) if cls == "LayerNorm" else (nn.RMSNorm, nn.LayerNorm)
+    expect(not any(isinstance(m, builtins) for m in module.modules()), f"{cls} contains an "
+           f"{' or '.join(f'nn.{b.__name__}' for b in builtins)}.", f"write the normalisation yourself: nn.{cls} "
+           "is the oracle.")
+    w0 = getattr(module, "weight", None)
+    expect(isinstance(w0, nn.Parameter), f"{cls} needs a learnable `weight` (an nn.Parameter).",
+           "the affine scale: self.weight = nn.Parameter(torch.ones(...)).")
+    w0 = w0.detach()
+    expect(tuple(w0.shape) == shape, f"{cls}.weight has shape {tuple(w0.shape)}, expected {shape}.",
+           "one scale per normalised element: torch.ones(normalized_shape)." if cls == "LayerNorm" else
+           "one scale per feature: torch.ones(d).")
+    expect(w0.dtype == torch.float32, f"{cls}.weight is {w0.dtype}, expected float32.",
+           "keep the parameters in float32; only the output takes the input's dtype.")
+    expect(torch.equal(w0, torch.ones(shape)), f"{cls}.weight starts at {w0.reshape(-1)[:4].tolist()}..., expected "
+           "ones.", "initialise weight to ones (torch.ones): zeros would make the output zero and cut the gradient."
+           if torch.equal(w0, torch.zeros(shape)) else "initialise weight to ones (torch.ones), so that the layer "
+           "starts as a pure normalisation.")
+    if cls == "LayerNorm":
+        b = getattr(module, "bias", None)
+        expect(isinstance(b, nn.Parameter), f"{cls} needs a learnable `bias` (an nn.Parameter).",
+               "the affine shift: self.bias = nn.Parameter(torch.zeros(normalized_shape)).")
+        expect(tuple(b.shape) == shape and torch.equal(b.detach(), torch.zeros(shape)), f"{cls}.bias should start "
+               f"as zeros of shape {shape}.", "self.bias = nn.Parameter(torch.zeros(normalized_shape)).")
+    else:
+        expect(_n_params(module) == shape[0], f"{cls}({shape[0]}) has {_n_params(module)} parameters, expected "
+               f"{shape[0]}.", "RMSNorm has a scale (weight) only: no bias, because it does not centre.")
+    eps = getattr(module, "eps", None)
+    expect(isinstance(eps, float) and math.isclose(eps, default_eps), f"{cls}.eps is {eps!r}, expected "
+           f"{default_eps}.", f"store the eps argument as self.eps (default {default_eps}).")
+    return eps
 
 
-def _rms_inputs(d, n: int, axis: int) -> list[tuple[torch.Tensor, str]]:
-    """The shared norm inputs, with n moved to ``axis`` (a 4-D image-like input for axis -3)."""
-    out = []
-    for x, label in _norm_inputs(d, n):
-        if axis == -3:                                          # (..., 2, 1, n) -> (..., n, 2, 1)
-            x = torch.stack([x, x * 0.5 + 0.1], dim=-2).unsqueeze(-2)
-        out.append((x.movedim(-1, axis).contiguous(), label))
-    return out
+def _norm_outputs(module: Any, cls: str, shown: str, inputs: list, oracle: Callable, variants: Callable,
+                  along: str = "over its last dimension (d_model)") -> None:
+    """Each of ``inputs`` ((x, label)) through a student's norm, against ``oracle(x)`` (in float64)."""
+    for x, label in inputs:
+        with forbid(*_NORMS, exercise=cls):
+            got = expect_tensor(call(module, x.clone(), name=f"{cls}.forward"), tuple(x.shape), f"{cls} output")
+        expect(got.dtype == x.dtype, f"{cls} returned {got.dtype} for a {x.dtype} input.",
+               "compute the statistics in float32, then cast the result back: .to(x.dtype).")
+        fallback = (f"the statistics were computed in {str(x.dtype)[6:]}: compute them in float32 (x.float()), "
+                    "normalise, then cast the result back to the input's dtype." if x.dtype in _LOW else
+                    f"{cls} normalises each vector {along}, with keepdim=True.")
+        # The statistics are computed in float32 (the exercises), where x - mean cancels digits in rows with a large
+        # mean and a small spread: a float32 output is exact to about 1e-4, not to float32's 1e-5.
+        compare(got, oracle(x).to(_precision(x)), f"{shown} output ({label}, input shape {tuple(x.shape)})", fallback,
+                variants=variants(x), tol=None if x.dtype in _LOW else (1e-4, 1e-4))
 
 
 @_one_thread
-def check_rms_norm(RMSNorm, hidden: bool = False) -> None:
-    _check_rms_norm(RMSNorm, hidden)
+def check_layer_norm(LayerNorm, hidden: bool = False) -> None:
+    d = draw("layer_norm", hidden)
+    cases = [(16, (16,)), ((3, 5), (3, 5)), ((4,), (4,))]     # (the argument, the normalised shape)
+    if hidden:
+        n, two = d.rng.randrange(2, 65), (d.rng.randrange(2, 7), d.rng.randrange(2, 9))
+        three = (2, d.rng.randrange(2, 5), 3)
+        cases = [(n, (n,)), (two, two), (list(three), three), (3, (3,)), ((1, 6), (1, 6))]
+    for arg, shape in cases:
+        shown = f"LayerNorm({arg!r})"
+        module = call(LayerNorm, arg, name=shown)
+        eps = _norm_module(module, "LayerNorm", shape, 1e-5)
+        first = [(d.randn(3, 4, math.prod(shape)) * 5 + 2, "float32, weight = 1 and bias = 0")]
+        for w, b, inputs in ((torch.ones(shape), torch.zeros(shape), first),
+                             (d.randn(*shape) * 0.5 + 1, d.randn(*shape), _norm_inputs(d, math.prod(shape)))):
+            with torch.no_grad():
+                module.weight.copy_(w)
+                module.bias.copy_(b)
+            _norm_outputs(module, "LayerNorm", shown, [(x.reshape(*x.shape[:-1], *shape), lab) for x, lab in inputs],
+                          lambda x: F.layer_norm(x.double(), shape, w.double(), b.double(), eps),
+                          lambda x: _layer_norm_variants(x, w, b, eps, shape))
 
 
-def _check_rms_norm(RMSNorm, hidden: bool, last_axis_only: bool = False) -> None:
+@_one_thread
+def check_rms_norm(RMSNorm, hidden: bool = False, last_axis_only: bool = False) -> None:
     """``last_axis_only``: only the default dim = -1, the part that the decoder block calls."""
     d = draw("rms_norm", hidden)
-    for n, dim, axis in [case for case in _rms_cases(d) if case[1] is None or not last_axis_only]:
+    cases = [(16, None, -1), (6, 1, 1), (5, -2, -2)]       # (d, the dim argument, the axis of d in the inputs)
+    if hidden:
+        cases = [(d.rng.randrange(2, 65), None, -1), (d.rng.randrange(2, 40), 1, 1), (3, 1, 1),
+                 (d.rng.randrange(2, 12), -3, -3), (4, -1, -1)]
+    for n, dim, axis in [case for case in cases if case[1] is None or not last_axis_only]:
         shown = f"RMSNorm({n})" if dim is None else f"RMSNorm({n}, dim={dim})"
         module = call(RMSNorm, n, name=shown) if dim is None else call(RMSNorm, n, dim=dim, name=shown)
-        expect(not any(isinstance(m, (nn.RMSNorm, nn.LayerNorm)) for m in module.modules()),
-               "RMSNorm contains an nn.RMSNorm or nn.LayerNorm.", "write the normalisation yourself: nn.RMSNorm "
-               "is the oracle.")
-        _affine_params(module, (n,), "RMSNorm", bias=False)
-        eps = _norm_eps(module, 1e-6, "RMSNorm")
-        first = ((d.randn(3, 4, n) * 5 + 2).movedim(-1, axis).contiguous(), "float32 with weight = 1")
-        inputs = [(*first, torch.ones(n), _run_norm(module, first[0], "RMSNorm", first[1]))]
-        w = d.randn(n) * 0.5 + 1
-        with torch.no_grad():
-            module.weight.copy_(w)
-        inputs += [(x, label, w, None) for x, label in _rms_inputs(d, n, axis)]
-        for x, label, weight, got in inputs:
-            got = _run_norm(module, x, "RMSNorm", label) if got is None else got
-            moved = x.double().movedim(axis, -1)
-            want = F.rms_norm(moved, (n,), weight.double(), eps).movedim(-1, axis).to(_precision(x))
-            compare(got, want, f"RMSNorm output ({shown}, input shape {tuple(x.shape)}, {label})",
-                    _norm_fallback(x, "RMSNorm", f"along axis {axis} (of size {n})"),
-                    variants=_rms_norm_variants(x, weight, eps, axis), tol=_norm_tol(x))
+        eps = _norm_module(module, "RMSNorm", (n,), 1e-6)
+        first = [(d.randn(3, 4, n) * 5 + 2, "float32 with weight = 1")]
+        for w, inputs in ((torch.ones(n), first), (d.randn(n) * 0.5 + 1, _norm_inputs(d, n))):
+            with torch.no_grad():
+                module.weight.copy_(w)
+            if axis == -3:       # a 4-D image-like input: (..., 2, 1, n) -> (..., n, 2, 1)
+                inputs = [(torch.stack([x, x * 0.5 + 0.1], dim=-2).unsqueeze(-2), label) for x, label in inputs]
+            _norm_outputs(module, "RMSNorm", shown, [(x.movedim(-1, axis).contiguous(), lab) for x, lab in inputs],
+                          lambda x: F.rms_norm(x.double().movedim(axis, -1), (n,), w.double(), eps).movedim(-1, axis),
+                          lambda x: _rms_norm_variants(x, w, eps, axis), f"along axis {axis} (of size {n})")
 
 # ----------------------------------------------------------------------------- exercise 6
 
 
-def _rope_oracle(x: torch.Tensor, base: float, interleaved: bool = False) -> torch.Tensor:
-    """RoPE at positions 0 .. T-1 as complex multiplication (chapter 3's oracle), in x's dtype."""
-    positions = torch.arange(x.shape[-2])
-    return _rope_complex(x, positions, base, "interleaved" if interleaved else "half").to(x.dtype)
-
-
 def _decoder_oracle(x: torch.Tensor, p: dict, H: int, H_kv: int, pre: bool, base: float, *, rope: str = "half",
-                    gqa: str = "interleave", causal: bool = True, scale: float | None = None,
-                    layout: str | None = None) -> torch.Tensor:
-    """The block written with built-ins; the keyword arguments make the tests' wrong variants."""
+                    tile: bool = False, causal: bool = True, scale: float | None = None, layout: str | None = None,
+                    n2: str = "n2") -> torch.Tensor:
+    """The block written with built-ins (RoPE as chapter 3's complex multiplication); the keyword arguments
+    make the tests' wrong variants."""
     B, T, d = x.shape
     dh = d // H
+    pairing = "interleaved" if rope == "interleaved" else "half"
 
-    def norm(h, w):
-        return F.rms_norm(h, (d,), w.to(h.dtype), 1e-6)
+    def norm(h, name):
+        return F.rms_norm(h, (d,), p[name].to(h.dtype), 1e-6)
+
+    def heads(h, w, n, rotate):    # (B, T, d) -> (B, n, T, dh), rotated at positions 0 .. T-1
+        h = F.linear(h, w).view(B, T, n, dh).transpose(1, 2)
+        return _rope_complex(h, torch.arange(T), base, pairing).to(h.dtype) if rotate and rope != "none" else h
 
     def attn(h):
-        q = F.linear(h, p["wq"]).view(B, T, H, dh).transpose(1, 2)
-        k = F.linear(h, p["wk"]).view(B, T, H_kv, dh).transpose(1, 2)
-        v = F.linear(h, p["wv"]).view(B, T, H_kv, dh).transpose(1, 2)
-        if rope != "none":
-            q = _rope_oracle(q, base, interleaved=rope == "interleaved")
-            k = _rope_oracle(k, base, interleaved=rope == "interleaved") if rope != "q only" else k
-        if gqa == "tile":
+        q, k, v = heads(h, p["wq"], H, True), heads(h, p["wk"], H_kv, rope != "q only"), heads(h, p["wv"], H_kv, False)
+        if tile:
             k, v = k.repeat(1, H // H_kv, 1, 1), v.repeat(1, H // H_kv, 1, 1)
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale, enable_gqa=gqa != "tile")
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale, enable_gqa=not tile)
         return F.linear(y.transpose(1, 2).reshape(B, T, H * dh), p["wo"])
 
     def ffn(h):
@@ -584,67 +499,47 @@ def _decoder_oracle(x: torch.Tensor, p: dict, H: int, H_kv: int, pre: bool, base
         return F.linear(F.silu(gate) * up, p["wd"])
 
     layout = layout or ("pre" if pre else "post")
-    if layout == "pre":
-        x = x + attn(norm(x, p["n1"]))
-        return x + ffn(norm(x, p["n2"]))
     if layout == "post":
-        x = norm(x + attn(x), p["n1"])
-        return norm(x + ffn(x), p["n2"])
-    if layout == "normalised residual":
-        x = norm(x, p["n1"])
-        x = x + attn(x)
-        x = norm(x, p["n2"])
-        return x + ffn(x)
-    if layout == "one norm":
-        return _decoder_oracle(x, {**p, "n2": p["n1"]}, H, H_kv, pre, base, rope=rope, gqa=gqa, causal=causal,
-                               scale=scale)
+        x = norm(x + attn(x), "n1")
+        return norm(x + ffn(x), n2)
     if layout == "parallel":
-        return x + attn(norm(x, p["n1"])) + ffn(norm(x, p["n2"]))
-    raise ValueError(layout)
+        return x + attn(norm(x, "n1")) + ffn(norm(x, n2))
+    if layout == "normalised residual":
+        x = norm(x, "n1")
+        x = norm(x + attn(x), n2)
+        return x + ffn(x)
+    x = x + attn(norm(x, "n1"))
+    return x + ffn(norm(x, n2))
 
 
 def _decoder_variants(x, p, H, H_kv, pre, base) -> list:
-    """The usual wrong blocks (computed only when the output is wrong), in the output's precision."""
+    """The usual wrong blocks (each computed only when the output is wrong), in the output's precision."""
     dh = x.shape[-1] // H
-    o = lambda **wrong: _decoder_oracle(x, p, H, H_kv, pre, base, **wrong).to(_precision(x))  # noqa: E731
-    out = [(lambda: o(layout="post" if pre else "pre"),
-            "x = norm(x + f(x)) is Post-LN; Pre-LN normalises the input of each sublayer and adds its output to the "
-            "un-normalised x: x = x + f(norm(x))." if pre else
-            "x = x + f(norm(x)) is Pre-LN; Post-LN adds first and normalises the sum: x = norm(x + f(x))."),
-           (lambda: o(rope="interleaved"), "RoPE paired neighbouring entries (2j, 2j + 1): this block uses the "
-                                           "half-split pairing, entry j with entry j + d_head/2 (rotate_half)."),
-           (lambda: o(rope="none"), "queries and keys were not rotated: apply RoPE to both, after splitting into "
-                                    "heads."),
-           (lambda: o(rope="q only"), "only the queries were rotated: RoPE rotates the keys too (never the values)."),
-           (lambda: o(causal=False), "there is no causal mask: position t may see positions 0 .. t only."),
-           (lambda: o(scale=1.0), f"the scores were not scaled: divide them by sqrt(d_head) = {math.sqrt(dh):.4g}."),
-           (lambda: o(scale=1 / math.sqrt(x.shape[-1])), "the scores were scaled by 1/sqrt(d_model): the scale is "
-                                                         "1/sqrt(d_head)."),
-           (lambda: o(layout="one norm"), "norm1 was used for both sublayers: the FFN uses norm2."),
-           (lambda: o(gqa="tile") if H_kv not in (1, H) else None,
-            "query head h was given key/value head h % n_kv_heads (repeat tiles the heads): it uses head "
-            "h // (n_heads // n_kv_heads) (repeat_interleave).")]
-    if pre:
-        out += [(lambda: o(layout="normalised residual"), "the residual carries the normalised x: keep the "
-                                                          "un-normalised x on the residual path (x = x + "
-                                                          "attn(norm1(x)))."),
-                (lambda: o(layout="parallel"), "both sublayers read the block's input: the FFN must see the output "
-                                               "of the attention sublayer (run them one after the other, updating x).")]
-    return out
-
-
-def _decoder_cases(d) -> list[tuple]:
-    """(d_model, n_heads, n_kv_heads, d_hidden, pre_ln, T, dtype)."""
-    if not d.hidden:
-        return [(16, 4, 2, 24, True, 5, torch.float32), (12, 2, 1, 16, False, 4, torch.float32)]
-    cases = []
-    for pre in (True, False):
-        H = d.rng.choice([2, 4, 6])
-        H_kv = d.rng.choice([k for k in (1, 2, 3, 6) if H % k == 0 and k < H] or [1])
-        dh = d.rng.choice([2, 4, 6, 8])
-        cases.append((H * dh, H, H_kv, d.rng.randrange(4, 40), pre, d.rng.randrange(2, 9), torch.float32))
-    return cases + [(24, 6, 3, 20, True, d.rng.randrange(3, 8), torch.float64),
-                    (16, 4, 4, 12, False, 3, torch.float64), (8, 2, 2, 8, True, 1, torch.float32)]
+    table = [
+        (dict(layout="post" if pre else "pre"),
+         "x = norm(x + f(x)) is Post-LN; Pre-LN normalises the input of each sublayer and adds its output to the "
+         "un-normalised x: x = x + f(norm(x))." if pre else
+         "x = x + f(norm(x)) is Pre-LN; Post-LN adds first and normalises the sum: x = norm(x + f(x))."),
+        (dict(rope="interleaved"), "RoPE paired neighbouring entries (2j, 2j + 1): this block uses the half-split "
+                                   "pairing, entry j with entry j + d_head/2 (rotate_half)."),
+        (dict(rope="none"), "queries and keys were not rotated: apply RoPE to both, after splitting into heads."),
+        (dict(rope="q only"), "only the queries were rotated: RoPE rotates the keys too (never the values)."),
+        (dict(causal=False), "there is no causal mask: position t may see positions 0 .. t only."),
+        (dict(scale=1.0), f"the scores were not scaled: divide them by sqrt(d_head) = {math.sqrt(dh):.4g}."),
+        (dict(scale=1 / math.sqrt(x.shape[-1])), "the scores were scaled by 1/sqrt(d_model): the scale is "
+                                                 "1/sqrt(d_head)."),
+        (dict(n2="n1"), "norm1 was used for both sublayers: the FFN uses norm2."),
+        (dict(tile=True) if H_kv not in (1, H) else None,
+         "query head h was given key/value head h % n_kv_heads (repeat tiles the heads): it uses head "
+         "h // (n_heads // n_kv_heads) (repeat_interleave)."),
+        (dict(layout="normalised residual") if pre else None,
+         "the residual carries the normalised x: keep the un-normalised x on the residual path (x = x + "
+         "attn(norm1(x)))."),
+        (dict(layout="parallel") if pre else None,
+         "both sublayers read the block's input: the FFN must see the output of the attention sublayer (run them "
+         "one after the other, updating x).")]
+    wrong = functools.partial(_decoder_oracle, x, p, H, H_kv, pre, base)
+    return [(lambda kw=kw: wrong(**kw).to(_precision(x)), hint) for kw, hint in table if kw is not None]
 
 
 def _decoder_weights(block: Any, width: int, H: int, H_kv: int, h: int, d) -> dict[str, torch.Tensor]:
@@ -660,9 +555,8 @@ def _decoder_weights(block: Any, width: int, H: int, H_kv: int, h: int, d) -> di
         expect(isinstance(weight, nn.Parameter) and tuple(weight.shape) == (width,) and _n_params(norm) == width,
                f"{cls} needs `{name}`, an RMSNorm(d_model) with a weight of shape ({width},) and nothing else.",
                f"create self.{name} = RMSNorm(d_model) (your class from exercise 5) in __init__.")
-        p["n" + name[-1]] = d.randn(width) * 0.3 + 1
         with torch.no_grad():
-            weight.copy_(p["n" + name[-1]])
+            p["n" + name[-1]] = weight.copy_(d.randn(width) * 0.3 + 1).detach().clone()
     ffn = getattr(block, "ffn", None)
     expect(ffn is not None, f"{cls} needs `ffn`, a SwiGLU(d_model, d_hidden).",
            "create self.ffn = SwiGLU(d_model, d_hidden) (your class from exercise 3).")
@@ -678,7 +572,7 @@ def _decoder_weights(block: Any, width: int, H: int, H_kv: int, h: int, d) -> di
 def _run_block(block: Any, x: torch.Tensor, shown: str) -> torch.Tensor:
     with forbid((F, "scaled_dot_product_attention"), *_NORMS, (F, "silu"),
                 exercise="the decoder block with your own attention, RMSNorm and silu"):
-        got = _tensor_out(call(block, x.clone(), name=f"{shown}.forward"), tuple(x.shape), "DecoderBlock output")
+        got = expect_tensor(call(block, x.clone(), name=f"{shown}.forward"), tuple(x.shape), "DecoderBlock output")
     expect(got.dtype == x.dtype, f"DecoderBlock returned {got.dtype} for a {x.dtype} input.",
            "build the angles and the mask on x's device, and cast cos and sin to x's dtype.")
     return got
@@ -687,77 +581,59 @@ def _run_block(block: Any, x: torch.Tensor, shown: str) -> torch.Tensor:
 @_one_thread
 def check_decoder_block(DecoderBlock, RMSNorm=None, SwiGLU=None, silu=None, hidden: bool = False) -> None:
     """RMSNorm, SwiGLU and silu, when given, are the earlier answers the block uses."""
-    with earlier_first(*_calls("DecoderBlock", silu=silu, RMSNorm=RMSNorm, SwiGLU=SwiGLU)):
-        _check_decoder_block(DecoderBlock, hidden)
-
-
-def _check_decoder_block(DecoderBlock, hidden: bool) -> None:
     d = draw("decoder_block", hidden)
-    for i, (width, H, H_kv, h, pre, T, dtype) in enumerate(_decoder_cases(d)):
-        base = 10000.0 if i % 2 == 0 else 500.0
-        shown = f"DecoderBlock({width}, {H}, {H_kv}, {h}, pre_ln={pre}, base={base})"
-        block = call(DecoderBlock, width, H, H_kv, h, pre_ln=pre, base=base, name=shown)
-        p = {k: v.to(dtype) for k, v in _decoder_weights(block, width, H, H_kv, h, d).items()}
-        block.to(dtype)
-        x = (d.randn(2, T, width, dtype=torch.float64) * 1.5 + 0.3).to(dtype)
-        got = _run_block(block, x, shown)
-        with torch.no_grad():
-            compare(got, _decoder_oracle(x, p, H, H_kv, pre, base).to(_precision(x)),
-                    f"{shown} output (input {tuple(x.shape)}, {str(dtype)[6:]}), against a block built from "
-                    "F.rms_norm, F.scaled_dot_product_attention and F.silu",
-                    "test the attention sublayer alone: project, split into heads (B, heads, T, d_head), rotate q "
-                    "and k (half-split RoPE at positions 0 .. T-1), give query head h the key/value head h // group, "
-                    "causal mask, scale 1/sqrt(d_head), merge the heads, w_o; then " +
-                    ("x = x + attn(norm1(x)); x = x + ffn(norm2(x))." if pre else
-                     "x = norm1(x + attn(x)); x = norm2(x + ffn(x))."),
-                    variants=_decoder_variants(x, p, H, H_kv, pre, base))
-        if hidden and T > 1:   # causality: a change to the last token leaves the earlier outputs alone
-            x2 = x.clone()
-            x2[:, -1] += 3.0
-            compare(_run_block(block, x2, shown)[:, :-1], got[:, :-1].to(_precision(x)),
-                    f"{shown}: the outputs at earlier positions after a change to the last token",
-                    "position t may see positions 0 .. t only: mask the scores above the diagonal with -inf before "
-                    "the softmax.")
-        block.float()
+    # (d_model, n_heads, n_kv_heads, d_hidden, pre_ln, T, dtype)
+    cases = [(16, 4, 2, 24, True, 5, torch.float32), (12, 2, 1, 16, False, 4, torch.float32)]
+    if hidden:
+        cases = [(24, 6, 3, 20, True, d.rng.randrange(3, 8), torch.float64), (16, 4, 4, 12, False, 3, torch.float64),
+                 (8, 2, 2, 8, True, 1, torch.float32)]
+        for pre in (False, True):
+            H, dh = d.rng.choice([2, 4, 6]), d.rng.choice([2, 4, 6, 8])
+            H_kv = d.rng.choice([k for k in (1, 2, 3, 6) if H % k == 0 and k < H] or [1])
+            cases.insert(0, (H * dh, H, H_kv, d.rng.randrange(4, 40), pre, d.rng.randrange(2, 9), torch.float32))
+    with earlier_first(*_calls("DecoderBlock", silu=silu, RMSNorm=RMSNorm, SwiGLU=SwiGLU)):
+        for i, (width, H, H_kv, h, pre, T, dtype) in enumerate(cases):
+            base = 10000.0 if i % 2 == 0 else 500.0
+            shown = f"DecoderBlock({width}, {H}, {H_kv}, {h}, pre_ln={pre}, base={base})"
+            block = call(DecoderBlock, width, H, H_kv, h, pre_ln=pre, base=base, name=shown)
+            p = {k: v.to(dtype) for k, v in _decoder_weights(block, width, H, H_kv, h, d).items()}
+            x = (d.randn(2, T, width, dtype=torch.float64) * 1.5 + 0.3).to(dtype)
+            got = _run_block(block.to(dtype), x, shown)
+            with torch.no_grad():
+                compare(got, _decoder_oracle(x, p, H, H_kv, pre, base).to(_precision(x)),
+                        f"{shown} output (input {tuple(x.shape)}, {str(dtype)[6:]}), against a block built from "
+                        "F.rms_norm, F.scaled_dot_product_attention and F.silu",
+                        "test the attention sublayer alone: project, split into heads (B, heads, T, d_head), rotate q "
+                        "and k (half-split RoPE at positions 0 .. T-1), give query head h the key/value head "
+                        "h // group, causal mask, scale 1/sqrt(d_head), merge the heads, w_o; then " +
+                        ("x = x + attn(norm1(x)); x = x + ffn(norm2(x))." if pre else
+                         "x = norm1(x + attn(x)); x = norm2(x + ffn(x))."),
+                        variants=_decoder_variants(x, p, H, H_kv, pre, base))
+            if hidden and T > 1:   # causality: a change to the last token leaves the earlier outputs alone
+                compare(_run_block(block, x + 3.0 * (torch.arange(T) == T - 1)[:, None], shown)[:, :-1],
+                        got[:, :-1].to(_precision(x)), f"{shown}: the outputs at earlier positions after a change "
+                        "to the last token", "position t may see positions 0 .. t only: mask the scores above the "
+                        "diagonal with -inf before the softmax.")
+            block.float()
 
 # ----------------------------------------------------------------------------- exercise 7
 
 
 def _count_oracle(V: int, d: int, L: int, H: int, H_kv: int, h: int, gated: bool, bias: bool, norm: str,
                   tied: bool) -> int:
-    """Build the model from nn modules on the meta device (shapes only) and count its parameters
-    (``device=`` on each layer and the table given its empty weight: initialising an embedding
-    on the meta device imports TorchDynamo, 2 s)."""
-    dh = d // H
-    m = {"device": "meta"}
-    Norm = nn.RMSNorm if norm == "rms" else nn.LayerNorm
-    model = nn.ModuleDict({"embed": meta_table(V, d), "norm": Norm(d, **m)})
-    blocks = nn.ModuleList()
-    for _ in range(L):
-        ffn = ([nn.Linear(d, h, bias=bias, **m), nn.Linear(d, h, bias=bias, **m)] if gated else
-               [nn.Linear(d, h, bias=bias, **m)]) + [nn.Linear(h, d, bias=bias, **m)]
-        blocks.append(nn.ModuleList([nn.Linear(d, H * dh, bias=bias, **m), nn.Linear(d, H_kv * dh, bias=bias, **m),
-                                     nn.Linear(d, H_kv * dh, bias=bias, **m), nn.Linear(H * dh, d, bias=bias, **m),
-                                     *ffn, Norm(d, **m), Norm(d, **m)]))
-        if L > 2:   # every block has the same size: count one, multiply
-            break
-    model["blocks"] = blocks
-    head = nn.Linear(d, V, bias=False, **m)
+    """Build the model's parts from nn modules on the meta device (shapes only) and count them: the
+    embedding, final norm and head once (each tensor once: a tied head adds nothing), one block n_layers
+    times. The table gets its empty weight: initialising an embedding on the meta device imports
+    TorchDynamo (2 s)."""
+    Norm, dh = nn.RMSNorm if norm == "rms" else nn.LayerNorm, d // H
+    linear = functools.partial(nn.Linear, bias=bias, device="meta")
+    block = nn.ModuleList([linear(d, H * dh), linear(d, H_kv * dh), linear(d, H_kv * dh), linear(H * dh, d),
+                           *(linear(d, h) for _ in range(2 if gated else 1)), linear(h, d),
+                           Norm(d, device="meta"), Norm(d, device="meta")])
+    ends = nn.ModuleList([meta_table(V, d), Norm(d, device="meta"), nn.Linear(d, V, bias=False, device="meta")])
     if tied:
-        head.weight = model["embed"].weight
-    model["head"] = head
-    one_block = sum(p.numel() for p in blocks[0].parameters()) if L else 0
-    rest = sum(p.numel() for p in model.parameters()) - sum(p.numel() for p in blocks.parameters())
-    return rest + L * one_block
-
-
-_COUNT_CASES = [
-    ((128256, 4096, 32, 32, 8, 14336), dict(gated=True, bias=False, norm="rms", tied=False), "Llama 3 8B"),
-    ((50257, 768, 12, 12, 12, 3072), dict(gated=False, bias=True, norm="layer", tied=True),
-     "GPT-2 small without its position table"),
-    ((32000, 64, 2, 4, 2, 176), {}, "a small model with the defaults"),
-    ((1000, 48, 3, 6, 2, 128), dict(gated=True, bias=True, norm="layer", tied=False), "gated, with biases"),
-]
+        ends[2].weight = ends[0].weight
+    return _n_params(ends) + L * _n_params(block)
 
 
 def _count_variants(want: int, V: int, d: int, L: int, H: int, H_kv: int, h: int, gated: bool, bias: bool,
@@ -792,19 +668,20 @@ def _count_variants(want: int, V: int, d: int, L: int, H: int, H_kv: int, h: int
          "w_down's bias has d_model entries (its output width), not d_hidden.")]
 
 
-def _drawn_count_case(d, j: int) -> tuple:
-    H = d.rng.choice([1, 2, 4, 8, 12, 16, 32, 64])
-    H_kv = d.rng.choice([k for k in (1, 2, 4, 8, H) if H % k == 0])
-    width = H * d.rng.choice([8, 16, 64, 128])
-    flags = dict(gated=bool(j & 1), bias=bool(j & 2), norm="layer" if j & 4 else "rms", tied=d.rng.random() < 0.5)
-    return (d.rng.randrange(2, 200000), width, d.rng.randrange(1, 100), H, H_kv, d.rng.randrange(1, 30000)), flags
-
-
 def check_count_params(count_params, hidden: bool = False) -> None:
-    cases = list(_COUNT_CASES)
+    cases = [((128256, 4096, 32, 32, 8, 14336), dict(gated=True, bias=False, norm="rms", tied=False), "Llama 3 8B"),
+             ((50257, 768, 12, 12, 12, 3072), dict(gated=False, bias=True, norm="layer", tied=True),
+              "GPT-2 small without its position table"),
+             ((32000, 64, 2, 4, 2, 176), {}, "a small model with the defaults"),
+             ((1000, 48, 3, 6, 2, 128), dict(gated=True, bias=True, norm="layer", tied=False), "gated, with biases")]
     if hidden:
-        d = draw("count_params", hidden)
-        cases += [(*_drawn_count_case(d, j), "a drawn configuration") for j in range(8)]
+        rng = draw("count_params", hidden).rng
+        for j in range(8):
+            H = rng.choice([1, 2, 4, 8, 12, 16, 32, 64])
+            H_kv = rng.choice([k for k in (1, 2, 4, 8, H) if H % k == 0])
+            cases.append(((rng.randrange(2, 200000), H * rng.choice([8, 16, 64, 128]), rng.randrange(1, 100), H, H_kv,
+                           rng.randrange(1, 30000)), dict(gated=bool(j & 1), bias=bool(j & 2),
+                          norm="layer" if j & 4 else "rms", tied=rng.random() < 0.5), "a drawn configuration"))
         cases += [((256000, 3072, 28, 16, 16, 24576), dict(tied=True), "a wide configuration with a large vocabulary"),
                   ((10, 6, 0, 2, 1, 5), dict(norm="layer"), "no blocks at all")]
     for (V, width, L, H, H_kv, h), flags, what in cases:
@@ -845,6 +722,10 @@ def check_ffn_activation_bytes(ffn_activation_bytes, hidden: bool = False) -> No
 # ----------------------------------------------------------------------------- exercise 8
 
 
+_NEVER_ENFORCED = ("capacity was never enforced: an expert takes at most capacity = ceil(capacity_factor * n_tokens "
+                   "* k / n_experts) tokens; the others are dropped.")
+
+
 def moe_reference(x: torch.Tensor, router_w: torch.Tensor, experts: list[tuple], k: int,
                   capacity_factor: float, capacity: int | None = None, *, token_major: bool = False,
                   gates: str = "renormalised", f_kept: bool = False, over_tokens: bool = False
@@ -853,23 +734,19 @@ def moe_reference(x: torch.Tensor, router_w: torch.Tensor, experts: list[tuple],
     arguments make the tests' wrong variants: another ``capacity``, the choices placed token by token,
     ``gates`` "raw" (not renormalised) or "mean" (1/k), f_e counted over the kept choices only, the
     router's softmax taken over the tokens."""
-    B, T, d = x.shape
-    E = router_w.shape[0]
+    (B, T, d), E = x.shape, router_w.shape[0]
     flat = x.reshape(-1, d)
     N = flat.shape[0]
-    if capacity is None:
-        capacity = math.ceil(capacity_factor * N * k / E)
+    capacity = math.ceil(capacity_factor * N * k / E) if capacity is None else capacity
     probs = torch.softmax(flat.double() @ router_w.double().T, dim=0 if over_tokens else -1)
     choices = [sorted(range(E), key=lambda e: -probs[n, e].item())[:k] for n in range(N)]
-    load = [0] * E
-    kept = torch.zeros(N, k, dtype=torch.bool)
-    # All first choices in token order, then all second choices, ... (or token by token).
-    for n, r in [(n, r) for n in range(N) for r in range(k)] if token_major else [(n, r) for r in range(k) for n in range(N)]:
+    load, kept = [0] * E, torch.zeros(N, k, dtype=torch.bool)
+    order = [(n, r) for n in range(N) for r in range(k)]     # token by token: a wrong variant
+    for n, r in order if token_major else sorted(order, key=lambda nr: nr[1]):   # all first choices, then ...
         if load[choices[n][r]] < capacity:
             load[choices[n][r]] += 1
             kept[n, r] = True
-    y = torch.zeros(N, d, dtype=torch.float64)
-    f = torch.zeros(E, dtype=torch.float64)
+    y, f = torch.zeros(N, d, dtype=torch.float64), torch.zeros(E, dtype=torch.float64)
     for n in range(N):
         total = sum(probs[n, e].item() for e in choices[n])
         for r, e in enumerate(choices[n]):
@@ -913,30 +790,16 @@ def _moe_outputs(result: Any, B: int, T: int, width: int, k: int) -> tuple[torch
     expect(isinstance(result, tuple) and len(result) == 3, "MoE.forward should return (y, aux_loss, kept).",
            "return the output, the load-balancing loss and the bool mask of kept choices as a tuple.")
     y, aux, kept = result
-    y = _tensor_out(y, (B, T, width), "MoE output y")
+    y = expect_tensor(y, (B, T, width), "MoE output y")
     expect(isinstance(aux, torch.Tensor) and aux.dim() == 0, "aux_loss should be a scalar tensor.",
            "return the loss as a 0-dim tensor (it is added to the training loss and back-propagated).")
     expect(bool(aux.requires_grad), "aux_loss carries no gradient.",
            "compute P_e from the router's softmax probabilities without detaching them: the loss trains the "
            "router to spread its choices.")
-    kept = _tensor_out(kept, (B, T, k), "MoE kept mask")
+    kept = expect_tensor(kept, (B, T, k), "MoE kept mask")
     expect(kept.dtype == torch.bool, f"kept should be a bool tensor, got {kept.dtype}.",
            "kept[b, t, r] is True when choice r of token (b, t) was processed by its expert.")
     return y, aux, kept
-
-
-def _moe_within_capacity(kept: torch.Tensor, x, router_w, k: int, cf: float, label: str) -> None:
-    """Property: no expert processes more choices than its capacity."""
-    E, n_choices = router_w.shape[0], kept.numel()
-    cap = math.ceil(cf * n_choices / E)
-    load = torch.bincount(_routing(x, router_w, k)[1].indices.view(kept.shape)[kept], minlength=E)
-    expect(int(load.max()) <= cap,
-           f"{label}: an expert processed {int(load.max())} choices, more than its capacity {cap} (counting the kept "
-           "choices by the expert that top-k over softmax(router(x)) along the experts gives them).",
-           "capacity was never enforced: an expert takes at most capacity = ceil(capacity_factor * n_tokens * k / "
-           "n_experts) tokens; the others are dropped." if bool(kept.all()) else
-           "an expert's count runs over the whole batch, all n_tokens * k choices routed to it, and the routing is "
-           "top-k of the softmax over the experts (the last dimension), one distribution per token.")
 
 
 def _moe_compare(y, aux, kept, x, router_w, weights, k: int, cf: float, label: str) -> None:
@@ -951,9 +814,7 @@ def _moe_compare(y, aux, kept, x, router_w, weights, k: int, cf: float, label: s
             f"{int(kept.sum())} kept, expected {int(want_kept.sum())}",
             "an expert accepts assignments while it holds fewer than capacity of them, in the priority order: rank 0 "
             "(first choices) in token order, then rank 1, ...", variants=[
-                (when(lambda got: bool(got.all()) and not bool(want_kept.all())),
-                 "capacity was never enforced: an expert takes at most capacity = ceil(capacity_factor * n_tokens * "
-                 "k / n_experts) tokens; the others are dropped."),
+                (when(lambda got: bool(got.all()) and not bool(want_kept.all())), _NEVER_ENFORCED),
                 (lambda: wrong(capacity=math.floor(cf * N * k / E))[2],
                  "the capacity was rounded down: capacity = math.ceil(capacity_factor * n_tokens * k / n_experts)."),
                 (lambda: wrong(capacity=math.ceil(cf * N / E))[2] if k > 1
@@ -990,17 +851,6 @@ def _moe_compare(y, aux, kept, x, router_w, weights, k: int, cf: float, label: s
                  "indices, not from the kept assignments.")])
 
 
-def _moe_case(MoE, case: tuple, d, label: str) -> tuple[Any, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """One configuration checked against the slow loop; (module, aux_loss with its graph, x, router weight)."""
-    width, d_ff, E, k, cf, B, T, x_scale = case
-    module, router_w, weights = _moe_module(MoE, width, d_ff, E, k, cf, d)
-    x = d.randn(B, T, width) * x_scale
-    y, aux, kept = _moe_outputs(call(module, x.clone(), name="MoE.forward"), B, T, width, k)
-    _moe_within_capacity(kept, x, router_w, k, cf, label)
-    _moe_compare(y, aux.detach(), kept, x, router_w, weights, k, cf, label)
-    return module, aux, x, router_w
-
-
 def _moe_router_gradient(module: Any, aux: torch.Tensor, x: torch.Tensor, router_w: torch.Tensor, k: int) -> None:
     """aux_loss trains the router through P_e: its gradient is that of E * sum_e f_e * P_e."""
     module.zero_grad()
@@ -1017,36 +867,43 @@ def _moe_router_gradient(module: Any, aux: torch.Tensor, x: torch.Tensor, router
     compare(grad.detach(), rw.grad, "the gradient of aux_loss with respect to the router's weight", hint)
 
 
-def _moe_cases(d) -> list[tuple]:
-    """(d_model, d_ff, n_experts, k, capacity_factor, B, T, the scale of x). n_experts is a power of two (or
-    divides n_tokens * k) and capacity_factor a dyadic number, so that capacity_factor * n_tokens * k / n_experts
-    is computed exactly in any order."""
-    if not d.hidden:
-        # Case 1 gives each expert a capacity of 1 for 6 tokens: at least two tokens lose their only choice.
-        return [(8, 16, 4, 2, 1.0, 2, 6, 1.0), (8, 16, 4, 1, 0.5, 1, 6, 1.0)]
-    E = d.rng.choice([2, 4, 8])
-    return [(d.rng.randrange(2, 17), d.rng.randrange(2, 33), E, d.rng.choice([1, 2]), d.rng.choice([0.5, 0.75, 1.25]),
-             d.rng.randrange(1, 4), d.rng.randrange(2, 13), 1.0),
-            (6, 12, 4, 2, 0.5, 1, 8, 3.0),              # many drops, a peaked router
-            (6, 12, 8, 2, 4.0, 2, 4, 1.0),              # a capacity nothing reaches
-            (5, 9, 3, 3, 1.0, 1, 6, 1.0)]               # k = n_experts
-
-
 @_one_thread
 def check_moe(MoE, FeedForward=None, gelu=None, hidden: bool = False) -> None:
     """FeedForward and gelu, when given, are the earlier answers the experts are made of."""
-    with earlier_first(*_calls("MoE", gelu=gelu, FeedForward=FeedForward)):
-        _check_moe(MoE, hidden)
-
-
-def _check_moe(MoE, hidden: bool) -> None:
     d = draw("moe", hidden)
-    for i, case in enumerate(_moe_cases(d)):
-        module, aux, x, router_w = _moe_case(MoE, case, d, f"case {i}")
-        if i == 0:
-            _moe_router_gradient(module, aux, x, router_w, case[3])
-    # One expert, k = 1: the mixture is the FFN (every token kept, gate 1).
-    width = 6 if not hidden else d.rng.randrange(2, 12)
+    # (d_model, d_ff, n_experts, k, capacity_factor, B, T, the scale of x). n_experts is a power of two (or divides
+    # n_tokens * k) and capacity_factor a dyadic number: capacity_factor * n_tokens * k / n_experts is exact in any
+    # order. Case 1 gives each expert a capacity of 1 for 6 tokens: at least two tokens lose their only choice.
+    cases = [(8, 16, 4, 2, 1.0, 2, 6, 1.0), (8, 16, 4, 1, 0.5, 1, 6, 1.0)]
+    if hidden:
+        E = d.rng.choice([2, 4, 8])
+        cases = [(d.rng.randrange(2, 17), d.rng.randrange(2, 33), E, d.rng.choice([1, 2]),
+                  d.rng.choice([0.5, 0.75, 1.25]), d.rng.randrange(1, 4), d.rng.randrange(2, 13), 1.0),
+                 (6, 12, 4, 2, 0.5, 1, 8, 3.0),              # many drops, a peaked router
+                 (6, 12, 8, 2, 4.0, 2, 4, 1.0),              # a capacity nothing reaches
+                 (5, 9, 3, 3, 1.0, 1, 6, 1.0)]               # k = n_experts
+    with earlier_first(*_calls("MoE", gelu=gelu, FeedForward=FeedForward)):
+        for i, (width, d_ff, E, k, cf, B, T, x_scale) in enumerate(cases):
+            module, router_w, weights = _moe_module(MoE, width, d_ff, E, k, cf, d)
+            x = d.randn(B, T, width) * x_scale
+            y, aux, kept = _moe_outputs(call(module, x.clone(), name="MoE.forward"), B, T, width, k)
+            # Property: no expert processes more choices than its capacity.
+            cap = math.ceil(cf * B * T * k / E)
+            load = torch.bincount(_routing(x, router_w, k)[1].indices.view(kept.shape)[kept], minlength=E)
+            expect(int(load.max()) <= cap, f"case {i}: an expert processed {int(load.max())} choices, more than its "
+                   f"capacity {cap} (counting the kept choices by the expert that top-k over softmax(router(x)) along "
+                   "the experts gives them).", _NEVER_ENFORCED if bool(kept.all()) else "an expert's count runs over "
+                   "the whole batch, all n_tokens * k choices routed to it, and the routing is top-k of the softmax "
+                   "over the experts (the last dimension), one distribution per token.")
+            _moe_compare(y, aux.detach(), kept, x, router_w, weights, k, cf, f"case {i}")
+            if i == 0:
+                _moe_router_gradient(module, aux, x, router_w, k)
+        _moe_one_expert(MoE, d)
+
+
+def _moe_one_expert(MoE, d) -> None:
+    """One expert, k = 1: the mixture is the FFN (every token kept, gate 1)."""
+    width = 6 if not d.hidden else d.rng.randrange(2, 12)
     module = call(MoE, width, 3 * width, 1, 1, capacity_factor=1.0, name="MoE(...)")
     w1, b1 = _fill(module.experts[0].fc1, d, 2.0)
     w2, b2 = _fill(module.experts[0].fc2, d)
@@ -1061,14 +918,11 @@ def _check_moe(MoE, hidden: bool) -> None:
 # ----------------------------------------------------------------------------- exercise 9
 
 
-def _llama3_8b_ffn_share() -> float:
-    d, V, L, h, kv = 4096, 128256, 32, 14336, 8 * 128
-    ffn = 3 * d * h
-    total = 2 * V * d + L * (2 * d * d + 2 * d * kv + ffn + 2 * d) + d
-    return L * ffn / total
-
-
-FFN_SHARE_ANSWER = _llama3_8b_ffn_share()
+# Llama 3 8B: d_model 4096, a vocabulary of 128256 (embeddings untied), 32 layers of SwiGLU width 14336 and
+# 8 key/value heads of 128 features.
+_D, _V, _L, _H = 4096, 128256, 32, 14336
+_BLOCKS = _L * (2 * _D * _D + 2 * _D * 1024 + 3 * _D * _H + 2 * _D)
+FFN_SHARE_ANSWER = _L * 3 * _D * _H / (2 * _V * _D + _BLOCKS + _D)
 
 
 def ffn_share_prediction_passes(predicted_ffn_share) -> bool:
@@ -1081,14 +935,12 @@ def ffn_share_prediction_passes(predicted_ffn_share) -> bool:
 
 
 def _check_ffn_share_prediction(predicted_ffn_share) -> None:
-    d, V, L, h = 4096, 128256, 32, 14336
-    ffn = L * 3 * d * h
-    layers = L * (2 * d * d + 2 * d * 1024 + 3 * d * h + 2 * d)
+    d, V, L, h, ffn = _D, _V, _L, _H, _L * 3 * _D * _H
     guesses = [
-        (ffn / layers, "that is the share of the blocks' parameters only: the question asks for all of them, with "
-                       "the embedding and the output layer (2 x 128256 x 4096) in the total."),
-        (ffn / (layers + V * d + d), "Llama 3 8B's embeddings are untied: the output layer is a second 128256 x 4096 "
-                                     "matrix."),
+        (ffn / _BLOCKS, "that is the share of the blocks' parameters only: the question asks for all of them, with "
+                        "the embedding and the output layer (2 x 128256 x 4096) in the total."),
+        (ffn / (_BLOCKS + V * d + d), "Llama 3 8B's embeddings are untied: the output layer is a second 128256 x "
+                                      "4096 matrix."),
         (ffn / (2 * V * d + L * (4 * d * d + 3 * d * h + 2 * d) + d),
          "w_k and w_v were counted at full width: with 8 key/value heads of 128 features they map 4096 to 1024."),
         (L * 2 * d * h / (2 * V * d + L * (2 * d * d + 2 * d * 1024 + 2 * d * h + 2 * d) + d),
@@ -1112,8 +964,7 @@ class _Part(nn.Module):
 
     def __init__(self, d: int, inner: nn.Module | None = None, bias: bool = True):
         super().__init__()
-        self.proj = nn.Linear(d, d, bias=bias)
-        self.inner = inner
+        self.proj, self.inner = nn.Linear(d, d, bias=bias), inner
 
 
 class _SubPart(_Part):
@@ -1144,17 +995,14 @@ def _share_cases(d) -> list[tuple[nn.Module, type, float, str]]:
         m = nn.ModuleDict({"a": _Part(width), "b": _SubPart(width), "c": nn.Linear(width, width)})
         cases.append((m, _Part, 2 / 3, "a part, a subclass of it and a linear layer"))
         if d.hidden:
-            cases += _drawn_share_cases(d, width)
+            big, V = d.rng.randrange(20, 120), d.rng.randrange(100, 2000)
+            m = nn.ModuleDict({"embed": nn.Embedding(V, big), "ffn": nn.Sequential(_Part(big), _Part(big))})
+            cases.append((m, _Part, 2 * (big * big + big) / (V * big + 2 * (big * big + big)),
+                          f"an embedding ({V}, {big}) and two parts in a Sequential"))
+            m = nn.Sequential(*[_Part(width) if j % 2 else nn.Linear(width, width)
+                                for j in range(d.rng.randrange(2, 7))])
+            cases.append((m, _Part, (len(m) // 2) / len(m), f"a stack of {len(m)} layers"))
     return cases
-
-
-def _drawn_share_cases(d, width: int) -> list[tuple[nn.Module, type, float, str]]:
-    big, V = d.rng.randrange(20, 120), d.rng.randrange(100, 2000)
-    m = nn.ModuleDict({"embed": nn.Embedding(V, big), "ffn": nn.Sequential(_Part(big), _Part(big))})
-    cases = [(m, _Part, 2 * (big * big + big) / (V * big + 2 * (big * big + big)),
-              f"an embedding ({V}, {big}) and two parts in a Sequential")]
-    m = nn.Sequential(*[_Part(width) if j % 2 else nn.Linear(width, width) for j in range(d.rng.randrange(2, 7))])
-    return cases + [(m, _Part, (len(m) // 2) / len(m), f"a stack of {len(m)} layers")]
 
 
 def _share_variants(model: nn.Module, part: type) -> list[tuple[float, str]]:

@@ -314,6 +314,7 @@ OPERATORS = {
                                      "_scaled_dot_product_flash_attention", "_scaled_dot_product_efficient_attention",
                                      "_scaled_dot_product_cudnn_attention", "_scaled_dot_product_attention_math"),
     "gelu": ("gelu",), "silu": ("silu",), "layer_norm": ("native_layer_norm",), "rms_norm": ("_fused_rms_norm",),
+    "native_layer_norm": ("native_layer_norm",),
     "group_norm": ("native_group_norm",), "cross_entropy": ("nll_loss_forward", "nll_loss2d_forward"),
     "nll_loss": ("nll_loss_forward", "nll_loss2d_forward"),
 }

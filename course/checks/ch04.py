@@ -32,7 +32,9 @@ from .ch03 import _rope_complex
 # ----------------------------------------------------------------------------- helpers
 
 _ACTIVATIONS = ((F, "gelu"), (F, "silu"))
-_NORMS = ((F, "layer_norm"), (F, "rms_norm"), (torch, "layer_norm"), (torch, "rms_norm"))
+# group_norm with one group over a row is layer_norm under another name (issue 32)
+_NORMS = ((F, "layer_norm"), (F, "rms_norm"), (torch, "layer_norm"), (torch, "rms_norm"), (torch, "native_layer_norm"),
+          (F, "group_norm"), (torch, "group_norm"))
 _LOW = (torch.bfloat16, torch.float16)
 
 

@@ -2,11 +2,31 @@
 
 from dataclasses import replace
 
-from notebook_tools import Mistake
+from notebook_tools import Mistake, TwoMistakes
 
 BOTH = {f"ex{k}": (f"ex{k}_visible", f"ex{k}_hidden") for k in range(1, 10)}
 
 MISTAKES = [
+    # ---------------------------------------------------------------- forbidden built-ins by other routes
+    TwoMistakes("gelu_saved_reference", "ex1_answer",
+                "def gelu(x: torch.Tensor) -> torch.Tensor:",
+                "def gelu(x: torch.Tensor, _gelu=torch.nn.functional.gelu) -> torch.Tensor:",
+                BOTH["ex1"], "calling the built-in torch.nn.functional.gelu",
+                cell2="ex1_answer", old2="return 0.5 * x * (1.0 + torch.erf(x / math.sqrt(2.0)))",
+                new2="return _gelu(x)"),
+    Mistake("gelu_private_binding", "ex1_answer",
+            "return 0.5 * x * (1.0 + torch.erf(x / math.sqrt(2.0)))", "return torch._C._nn.gelu(x)",
+            BOTH["ex1"], "calling the built-in torch.nn.functional.gelu", e2e=False),
+    Mistake("layer_norm_as_group_norm", "ex4_answer",
+            "y = (x32 - mean) / torch.sqrt(var + self.eps)",
+            "y = torch.nn.functional.group_norm(x32.reshape(-1, 1, math.prod(self.normalized_shape)), 1, "
+            "eps=self.eps).reshape(x32.shape)",
+            BOTH["ex4"], "calling the built-in torch.nn.functional.group_norm", e2e=False),
+    Mistake("block_attention_from_the_operator_registry", "ex6_answer",
+            'weights = torch.softmax(scores.masked_fill(~causal, float("-inf")), dim=-1)\n'
+            '        out = (weights @ v)',
+            "out = torch.ops.aten.scaled_dot_product_attention(q, k, v, is_causal=True)",
+            BOTH["ex6"], "calling the built-in torch.nn.functional.scaled_dot_product_attention", e2e=False),
     # ---------------------------------------------------------------- 1: activations
     Mistake("gelu_is_tanh_form", "ex1_answer",
             "return 0.5 * x * (1.0 + torch.erf(x / math.sqrt(2.0)))",
@@ -297,6 +317,6 @@ MISTAKES += [replace(_BY_NAME[base], name=name, failing=failing, hint=hint) for 
      "MoE calls your gelu, which fails exercise 1's tests"))]
 
 # Graded end to end through the real autograder (each costs a kernel run).
-E2E = {"pre_ln_written_as_post_ln", "layer_norm_stats_in_bf16", "swiglu_width_not_rounded",
+E2E = {"gelu_saved_reference", "pre_ln_written_as_post_ln", "layer_norm_stats_in_bf16", "swiglu_width_not_rounded",
        "moe_capacity_never_enforced", "moe_aux_without_n_experts", "block_rope_interleaved",
        "share_of_blocks_only", "count_kv_full_width"}

@@ -34,7 +34,8 @@ TINY_S2S = Seq2SeqConfig(d_model=48, n_layers=2, n_heads=4, batch_size=4, steps=
 S2S_MAX_LEN = 32                     # Seq2Seq's default max_len
 TINY_CLS = ClassifierConfig(d_model=32, n_layers=2, n_heads=4, batch_size=4, steps=1, lr=1e-3, warmup_steps=1,
                             max_len=12)
-# A constant carried through a few float32 blocks and LayerNorms moves outputs by about 1e-5.
+# The reference answers keep these properties to 1e-6 in float32 (measured over 20 draws); 1e-4
+# leaves room for other orders of summation.
 PROPERTY_TOL = (1e-4, 1e-5)
 
 
@@ -97,7 +98,8 @@ def _lr_at_agrees(lr_at, hidden: bool) -> bool:
                  max_steps + 7}
         # the tolerance of chapter 5's own check, which decides when this look finds a difference
         if not all(matches(call(lr_at, s, max_lr, min_lr, warmup, max_steps, name="lr_at"),
-                           ch05._lr_oracle(s, max_lr, min_lr, warmup, max_steps), (1e-12, 1e-6)) for s in sorted(steps)):
+                           ch05._lr_oracle(s, max_lr, min_lr, warmup, max_steps), (1e-12, 1e-6))
+                   for s in sorted(steps)):
             return False
     return True
 
@@ -147,7 +149,8 @@ def _check_block(Block, hidden: bool) -> None:
         out = call(block, x, name="Block.forward")
         expect_tensor(out, (B, T, width), "Block output")
         moved, later = block(x + shift), block(z)
-    normalised = when(lambda _: out.mean(-1).abs().max() < 1e-3 and (out.var(-1, unbiased=False) - 1).abs().max() < 1e-2)
+    normalised = when(lambda _: out.mean(-1).abs().max() < 1e-3
+                      and (out.var(-1, unbiased=False) - 1).abs().max() < 1e-2)
     compare(moved, out + shift, "the block's output after adding one number to every feature of each token (it "
             "should move by that number)", "in a Pre-LN block only the sub-layers' inputs are normalised (ln_1 "
             "before attention, ln_2 before the MLP) and the residual path carries x unchanged: x = x + attn(ln_1(x)); "
@@ -167,7 +170,8 @@ def _check_block(Block, hidden: bool) -> None:
     with torch.no_grad():
         other_pad, later = block(y, pad_mask=pad), block(z, pad_mask=pad)
     compare(other_pad[0, n_pad:], base[0, n_pad:], "with causal=True and a pad_mask, the outputs at real positions "
-            "after a change at the PAD positions", "PAD keys must be hidden while the block is causal: " + _COMBINED_MASK)
+            "after a change at the PAD positions",
+            "PAD keys must be hidden while the block is causal: " + _COMBINED_MASK)
     real = torch.ones(B, t, dtype=torch.bool)
     real[0, :n_pad] = False                                     # a PAD query sees no key: its output is arbitrary
     compare(later[:, :t][real], base[:, :t][real], f"with causal=True and a pad_mask, the outputs at real positions "
@@ -322,7 +326,8 @@ def _train_case(d) -> tuple[tuple, tuple]:
     if not d.hidden:
         return (12, 0.05, 0.005, 3, 0.5, 0.1), (6, 5, 11, 8, 16)
     steps, lr, warmup = d.rng.randrange(10, 21), d.rng.uniform(0.01, 0.05), d.rng.randrange(1, 6)
-    recipe = (steps, lr, lr * d.rng.choice([0.05, 0.1, 0.3]), warmup, d.rng.uniform(0.05, 0.5), d.rng.uniform(0.02, 0.3))
+    recipe = (steps, lr, lr * d.rng.choice([0.05, 0.1, 0.3]), warmup, d.rng.uniform(0.05, 0.5),
+              d.rng.uniform(0.02, 0.3))
     return recipe, tuple(d.rng.randrange(*r) for r in ((3, 9), (3, 8), (7, 20), (4, 13), (8, 25)))
 
 
@@ -421,8 +426,8 @@ def _check_generate(generate, hidden: bool) -> None:
                "pass temperature on to sample_next_token(logits, generator, temperature, top_k).")
     model, prompt = _ScriptedLM(10, 4), torch.tensor([[3, 4, 5]])
     a, b = (call(generate, model, prompt, 20, 4, 1.0, None, d.sub("same seed").gen) for _ in range(2))
-    expect(torch.equal(a, b), "two runs with generators of the same seed gave different samples.",
-           "pass the generator on: sample_next_token(logits, generator, temperature, top_k).")
+    compare(b, a, "the second of two runs with generators of the same seed (expected: the first run)",
+            "pass the generator on: sample_next_token(logits, generator, temperature, top_k).")
     cold = call(generate, model, prompt, 30, 4, 0.05, None, d.sub("cold").gen)
     expect((cold[0, 3:] == (cold[0, 2:-1] + 1) % 10).float().mean() > 0.95,
            "at temperature 0.05 sampling should almost always pick the most likely token.",
@@ -447,7 +452,7 @@ def _check_continuation(generate, model: _ScriptedLM, prompt: torch.Tensor, n_ne
     except NotImplementedError as err:
         raise not_written(err, "generate")
     expect_tensor(out, (1, P + n_new), "generate output")
-    expect(torch.equal(out[:, :P], prompt), "the output must start with the prompt.", "concatenate new ids after it.")
+    compare(out[:, :P], prompt, "the start of the output (the prompt)", "concatenate new ids after it.")
     compare(out[0, P:].tolist(), [(int(prompt[0, -1]) + 1 + i) % vocab for i in range(n_new)],
             f"with top_k=1, the continuation of {prompt.tolist()} (the argmax chain)",
             "draw from the last position's logits: model(ids[:, -block_size:])[:, -1, :], with top_k passed on.")
@@ -677,7 +682,8 @@ def _length_trap(rng: random.Random | None) -> tuple[_TableSeq2Seq, list[int], l
         if rng is not None:
             vocab, m, beam = rng.randrange(12, 31), rng.randrange(1, 4), rng.randrange(2, 5)
             X, Y, *chain = rng.sample(range(3, vocab), 2 + m)
-            px, e, py, q = rng.uniform(0.45, 0.6), rng.uniform(0.45, 0.6), rng.uniform(0.12, 0.3), rng.uniform(0.9, 0.98)
+            px, e = rng.uniform(0.45, 0.6), rng.uniform(0.45, 0.6)
+            py, q = rng.uniform(0.12, 0.3), rng.uniform(0.9, 0.98)
         table = {(data.BOS,): {X: px, Y: py}, (data.BOS, X): {data.EOS: e}}
         prefix = (data.BOS, Y)
         for token in chain + [data.EOS]:
@@ -910,14 +916,14 @@ def _transfer_run(load_encoder, g2p, classifier, g_state: dict, c_state: dict, i
         expect(not moved, f"load_encoder changed the G2P model: {_names(moved)}.",
                "copy from g2p_model into the classifier, never the other way: load_encoder(classifier, g2p_model) "
                "writes only into the classifier, and the G2P model was graded already.")
-        touched = [k for k in head if k in _changed({k: c_before[k]}, c_after)]
+        touched = [k for k in _changed(c_before, c_after) if k in head]
         expect(not touched, f"load_encoder changed the classifier's {_names(touched)}, whose shape holds the "
                f"number of classes: its head.",
                "leave the head as build_classifier made it: the G2P model has nothing to give it, so only the "
                "encoder's parts are copied (" + _ENCODER_PARTS + ").")
-        unchanged = not _changed(c_before, c_after)
-        expect(not unchanged, "after load_encoder, every weight of the classifier still had the value it had "
-               "before" + (f" (load_encoder returned {out.__class__.__name__} instead)." if out is not None else "."),
+        expect(_changed(c_before, c_after), "after load_encoder, every weight of the classifier still had the value "
+               "it had before" + (f" (load_encoder returned {out.__class__.__name__} instead)." if out is not None
+                                  else "."),
                "copy into the classifier that load_encoder receives, in place (it returns None; the training cell "
                "ignores what it returns): " + _ENCODER_PARTS + ".")
     with torch.no_grad():

@@ -354,13 +354,14 @@ class _TwinToken:
 
 def _rebuild_error(info: dict) -> BaseException:
     """The student's exception, as an exception of the same kind here. Only built-in types
-    are rebuilt; the course's own failures come back as CheckFailed with their message."""
-    from course.checks import CheckFailed
+    are rebuilt; the course's own failures come back as CheckFailed (ShortcutUsed for a
+    forbidden built-in) with their message."""
+    from course.checks import CheckFailed, ShortcutUsed
 
     name, message = str(info.get("type", "Exception")), str(info.get("message", ""))
     bases = [str(b) for b in info.get("bases", [])]
-    if "CheckFailed" in bases:
-        return CheckFailed(message)
+    if "CheckFailed" in bases:   # a kernel-side rule's failure (a forbidden built-in): its kind kept
+        return ShortcutUsed(message) if "ShortcutUsed" in bases else CheckFailed(message)
     if "KeyboardInterrupt" in bases:
         return CellTimedOut("ran past the time limit")
     for base in [name] + bases:

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from autograder.remote import local_channel, run_judged
-from course.checks import CheckFailed
+from course.checks import CheckFailed, ShortcutUsed
 
 STUDENT = textwrap.dedent('''
     import torch
@@ -104,6 +104,7 @@ def test_every_route_to_a_forbidden_builtin_fails_with_the_shortcut_hint(judge, 
     message = str(failure.value)
     assert caught in message, message
     assert "Likely mistake: calling the built-in" in message
+    assert isinstance(failure.value, ShortcutUsed)        # its kind survives the way back from the kernel
 
 
 @pytest.mark.parametrize("cell, name, printed", [

@@ -21,7 +21,7 @@ import torch
 import torch.nn as nn
 
 from ._core import (CheckFailed, call, earlier_answers, earlier_first, expect_tensor, judge_prediction, not_written,
-                    own_fault)
+                    own_fault, unmeasured)
 from ._vocabulary import TOLERANCE, Draw, compare, diagnose, draw, expect, fail, matches, when
 
 F32, F64, F16, BF16 = torch.float32, torch.float64, torch.float16, torch.bfloat16
@@ -857,8 +857,10 @@ def _reach_oracle(slopes: torch.Tensor, threshold: float, n_keys: int, ratio: bo
 
 def _check_prediction(predicted_reach) -> None:
     exact = math.log(1 / REACH_THRESHOLD) / REACH_SLOPE
+    with unmeasured("predicted_reach"):
+        value = call(predicted_reach)
     judge_prediction(
-        "predicted_reach", call(predicted_reach), REACH_ANSWER, unit_hint="return your prediction as a number: the "
+        "predicted_reach", value, REACH_ANSWER, unit_hint="return your prediction as a number: the "
         "distance d.", asked="the distance asked for (slope 1/8, 1%)", exact=0.0, close=0.99,
         close_hint=f"e^(-d/8) falls below 1% at d = {exact:.2f}, but keys sit at whole distances d = 0, 1, 2, ... (a "
         "distance is a whole number of tokens): the answer is the first whole distance past that point.", near=0.5,

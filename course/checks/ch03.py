@@ -17,7 +17,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ._core import CheckFailed, call, earlier_answers, earlier_first, expect_tensor, forbid, judge_prediction
+from ._core import (CheckFailed, call, earlier_answers, earlier_first, expect_tensor, forbid, judge_prediction,
+                    unmeasured)
 from ._core import one_thread as _one_thread
 from ._recorders import LargestTensor as _LargestTensor
 from ._vocabulary import compare, diagnose, draw, expect, fail, matches, when
@@ -744,7 +745,9 @@ def _check_entropy_prediction(predicted_entropy) -> None:
               "scores / temperature all go to 0 and the weights become uniform."),
         (512.0, "that is the number of keys; the entropy of a uniform distribution over n keys is ln(n)."),
     ]
-    judge_prediction("predicted_entropy", call(predicted_entropy), ENTROPY_ANSWER,
+    with unmeasured("predicted_entropy"):
+        value = call(predicted_entropy)
+    judge_prediction("predicted_entropy", value, ENTROPY_ANSWER,
                      unit_hint="return your prediction as a number of nats.",
                      asked="the entropy asked for (causal query at position 511 of 1024 tokens, temperature -> "
                            "infinity)",

@@ -24,7 +24,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ._core import CheckFailed, call, earlier_answers, earlier_first, expect_tensor, forbid, judge_prediction
+from ._core import (CheckFailed, call, earlier_answers, earlier_first, expect_tensor, forbid, judge_prediction,
+                    unmeasured)
 from ._core import meta_table, one_thread as _one_thread
 from ._vocabulary import compare, draw, expect, fail, when
 from .ch03 import _rope_complex
@@ -949,8 +950,10 @@ def _check_ffn_share_prediction(predicted_ffn_share) -> None:
          "SwiGLU has three matrices per layer (gate, up, down), not two."),
         (100 * FFN_SHARE_ANSWER, "return a fraction between 0 and 1, not a percentage."),
     ]
+    with unmeasured("predicted_ffn_share"):
+        value = call(predicted_ffn_share, name="predicted_ffn_share")
     judge_prediction(
-        "predicted_ffn_share", call(predicted_ffn_share, name="predicted_ffn_share"), FFN_SHARE_ANSWER,
+        "predicted_ffn_share", value, FFN_SHARE_ANSWER,
         unit_hint="return your prediction as a fraction between 0 and 1.",
         asked="the FFNs' share of Llama 3 8B's parameters", exact=1e-9, close=2e-3,
         close_hint="a rounded decimal (or a value read off a measurement) is not the prediction: return the arithmetic "

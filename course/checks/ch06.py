@@ -24,6 +24,7 @@ import torch.nn.functional as F
 
 from . import _core
 from ._core import CheckFailed, call, earlier_first, expect_tensor, judge_prediction, one_thread as _one_thread
+from ._core import unmeasured
 from ._vocabulary import compare, diagnose, draw, expect, fail, matches, when
 
 # A float32 answer against a float64 oracle: the rounding of a few float32 matmuls and a softmax.
@@ -954,8 +955,10 @@ def _check_kv_prediction(predicted_kv_cache_bytes) -> None:
         (KV_ANSWER / 2 ** 30, "give the answer in bytes, not GiB."),
         (KV_ANSWER / 1e9, "give the answer in bytes, not GB."),
     ]
+    with unmeasured("predicted_kv_cache_bytes"):
+        value = call(predicted_kv_cache_bytes)
     judge_prediction(
-        "predicted_kv_cache_bytes", call(predicted_kv_cache_bytes), KV_ANSWER,
+        "predicted_kv_cache_bytes", value, KV_ANSWER,
         unit_hint="return your prediction as a number of bytes (an int, or the arithmetic that gives it).",
         asked="the size of the KV cache asked for (Qwen2-7B, 8 sequences of 32,768 tokens, bfloat16)",
         exact=0, close=0.01 * KV_ANSWER,

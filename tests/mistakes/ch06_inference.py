@@ -132,6 +132,11 @@ MISTAKES = [
     Mistake("int8_linear_drops_bias", "ex6_answer", "return F.linear(x, w, self.bias)", "return F.linear(x, w)",
             ("ex6_visible", "ex6_hidden"), "add the layer's bias"),
     # ---------------------------------------------------------------- 7: memory
+    Mistake("kv_prediction_measured", "ex7_answer",
+            "return 2 * 28 * 4 * 128 * 32768 * 8 * 2",
+            "return sum(t.numel() * t.element_size() for t in [torch.empty(2, 28, 4, 128, 32768, 8, "
+            "dtype=torch.bfloat16, device='meta')])",
+            ("ex7_visible",), "measuring instead of predicting", e2e=False),
     Mistake("kv_projections_full_width", "ex7_answer", 'kv_width = config["n_kv_heads"] * d_head', "kv_width = d",
             ("ex7_visible", "ex7_hidden"), "grouped-query attention shrinks them"),
     Mistake("head_counted_when_tied", "ex7_answer",

@@ -50,6 +50,59 @@ BROKEN_IMAGES = """() => Array.from(document.images)
   .filter(img => !img.complete || img.naturalWidth === 0).map(img => img.src.slice(0, 80))"""
 SHOWN_FIGURES = """(demo) => Array.from(demo.querySelectorAll('img'))
   .filter(img => img.offsetParent !== null).map(img => img.src)"""
+# Code blocks and outputs wider than the column (or scrolling inside their own box), and widget
+# labels cut short ("temperat..."): each as "what: how many px too wide".
+TOO_WIDE = """() => {
+  const article = document.querySelector('.bd-article');
+  if (!article) return {blocks: 0, wide: [], labels: 0, cut: []};
+  const style = getComputedStyle(article);
+  const right = article.getBoundingClientRect().right - parseFloat(style.paddingRight);
+  const shown = Array.from(article.querySelectorAll('pre, .cell_output > *')).filter(el => el.offsetParent);
+  const wide = shown.map(el => {
+    const over = Math.max(el.scrollWidth - el.clientWidth, el.getBoundingClientRect().right - right);
+    return over > 1 ? `${el.tagName.toLowerCase()} "${el.textContent.trim().slice(0, 40)}": ${Math.ceil(over)} px` : null;
+  }).filter(Boolean);
+  const labels = Array.from(article.querySelectorAll('.widget-label'))
+    .filter(el => el.offsetParent && el.textContent.trim());
+  const cut = labels.filter(el => el.scrollWidth > el.clientWidth)
+    .map(el => `${el.textContent.trim()}: ${el.scrollWidth} px in ${el.clientWidth}`);
+  return {blocks: shown.filter(el => el.tagName === 'PRE').length, wide, labels: labels.length, cut};
+}"""
+# Live-only widgets (ipywidgets' interactive: a kernel redraws their figure): how many, and the
+# controls of theirs that a reader can still focus or move (book/_static/course.js makes them inert).
+LIVE_ONLY = """() => {
+  const boxes = Array.from(document.querySelectorAll('.widget-interact'))
+    .filter(box => !box.closest('.course-demo'));
+  const movable = [];
+  for (const box of boxes) {
+    for (const control of box.querySelectorAll('input, select, textarea, button, [tabindex]')) {
+      if (control.closest('.widget-output')) continue;
+      control.focus();
+      if (document.activeElement !== control) continue;
+      const widget = control.closest('.widget-inline-hbox, .widget-box, .jupyter-widgets');
+      movable.push(widget.textContent.trim().slice(0, 40) || control.tagName);
+    }
+  }
+  return {count: boxes.length, movable};
+}"""
+# In dark mode (pydata's html[data-theme=dark]) the background behind each widget panel and
+# input, as its luma (0 black, 1 white): a light one is a light panel on a dark page.
+DARK_PANELS = """async () => {
+  document.documentElement.dataset.theme = 'dark';
+  await new Promise(done => requestAnimationFrame(() => requestAnimationFrame(done)));
+  const luminance = el => {
+    for (let node = el; node; node = node.parentElement) {
+      const rgba = getComputedStyle(node).backgroundColor.match(/[\\d.]+/g).map(Number);
+      if (rgba.length === 3 || rgba[3] > 0.5)
+        return rgba.slice(0, 3).reduce((sum, c, i) => sum + [0.2126, 0.7152, 0.0722][i] * c / 255, 0);
+    }
+    return 1;
+  };
+  const panels = document.querySelectorAll('.widget-subarea, .widget-subarea .widget-box, .widget-subarea .widget-output, '
+    + '.widget-subarea select, .widget-subarea input[type=text], .widget-subarea textarea, .widget-subarea button');
+  return Array.from(panels).filter(el => el.offsetParent && luminance(el) > 0.4)
+    .map(el => `${el.tagName.toLowerCase()}.${[...el.classList].pop() || ''}: ${luminance(el).toFixed(2)}`);
+}"""
 
 
 def chromium() -> str | None:
@@ -97,6 +150,13 @@ class PageReport:
     unrendered_widgets: int = 0
     demos: int = 0
     demos_that_change: int = 0
+    code_blocks: int = 0                                   # <pre>: code cells, outputs, listings
+    too_wide: list[str] = field(default_factory=list)      # code or output wider than the column
+    labels: int = 0
+    cut_labels: list[str] = field(default_factory=list)
+    live_only: int = 0                                     # widgets only a kernel can redraw
+    movable_live_controls: list[str] = field(default_factory=list)
+    light_dark_mode_panels: list[str] = field(default_factory=list)
 
     def problems(self) -> list[str]:
         found = [f"console: {e}" for e in self.errors]
@@ -119,7 +179,7 @@ class Browser:
 
         self._playwright = sync_playwright().start()
         self.browser = self._playwright.chromium.launch(executable_path=executable, args=CHROMIUM_FLAGS)
-        self.context = self.browser.new_context(viewport={"width": 1280, "height": 900})
+        self.context = self.browser.new_context(viewport={"width": 1280, "height": 800})
 
     def close(self) -> None:
         self.context.close()
@@ -165,6 +225,7 @@ class Browser:
             report.unrendered_widgets = report.widgets - report.widgets_rendered
             report.images = page.evaluate("() => document.images.length")
             report.broken_images = page.evaluate(BROKEN_IMAGES)
+            self._measure_fit(page, report)
             self._drive_demos(page, report)
             if screenshot is not None:
                 screenshot.parent.mkdir(parents=True, exist_ok=True)
@@ -172,11 +233,25 @@ class Browser:
                 if target.count():
                     target.scroll_into_view_if_needed()
                 page.screenshot(path=str(screenshot))
+            if report.widgets:      # last: it leaves the page in dark mode
+                report.light_dark_mode_panels = page.evaluate(DARK_PANELS)
+                if screenshot is not None:
+                    page.screenshot(path=str(screenshot.with_name(screenshot.stem + "-dark.png")))
         except Exception as error:      # a page that hangs is a finding, not a crash of the test
             report.errors.append(f"{type(error).__name__}: {str(error).splitlines()[0]}")
         finally:
             page.close()
         return report
+
+    @staticmethod
+    def _measure_fit(page, report: PageReport) -> None:
+        """What does not fit at this width (code, outputs, widget labels), and the live-only
+        controls a reader could still move."""
+        fit = page.evaluate(TOO_WIDE)
+        report.code_blocks, report.too_wide = fit["blocks"], fit["wide"]
+        report.labels, report.cut_labels = fit["labels"], fit["cut"]
+        live = page.evaluate(LIVE_ONLY)
+        report.live_only, report.movable_live_controls = live["count"], live["movable"]
 
     @staticmethod
     def _drive_demos(page, report: PageReport) -> None:

@@ -2,8 +2,11 @@
 Chromium), every request to another host refused. Each page loads with no console error and no
 outside request, its formulas are rendered by MathJax (no raw LaTeX left in the text, the
 sidebars and headings included), each widget shows its controls, each image loads, and each
-precomputed demo changes its figure when its control moves. Screenshots of one page per chapter
-go to test-output/browser/ (COURSE_TEST_OUTPUT to change), with summary.json (the counts)."""
+precomputed demo changes its figure when its control moves. At 1280x800 no code block or output
+is wider than the column and no widget label is cut; a live-only widget's controls cannot move
+(its figure would not follow); in dark mode no widget panel is light. Screenshots of one page per
+chapter (light, and dark where it has a widget) go to test-output/browser/ (COURSE_TEST_OUTPUT to
+change), with summary.json (the counts)."""
 
 from __future__ import annotations
 
@@ -66,6 +69,11 @@ def reports(site):
         "images": sum(r.images for r in found.values()),
         "precomputed_demos": sum(r.demos for r in found.values()),
         "external_requests": sum(len(r.external) for r in found.values()),
+        "code_blocks": sum(r.code_blocks for r in found.values()),
+        "too_wide_at_1280px": sum(len(r.too_wide) for r in found.values()),
+        "widget_labels": sum(r.labels for r in found.values()),
+        "cut_labels": sum(len(r.cut_labels) for r in found.values()),
+        "live_only_widgets": sum(r.live_only for r in found.values()),
         "screenshots": sorted(f"{c}.png" for c in shots),
     }
     OUTPUT.mkdir(parents=True, exist_ok=True)
@@ -98,8 +106,35 @@ def test_precomputed_demos_change_their_figure_without_a_kernel(reports):
     assert sum(r.demos_that_change for r in reports.values()) == demos
 
 
+def test_code_and_outputs_fit_the_column_at_1280px(reports):
+    """Every code block and output at most the column's width on a 1280 px desktop (lines of
+    up to 80 characters: book/_static/course.css), so nothing needs sideways scrolling."""
+    assert sum(r.code_blocks for r in reports.values()) > 400
+    wide = {page: r.too_wide for page, r in reports.items() if r.too_wide}
+    assert not wide, json.dumps(wide, indent=1)[:4000]
+
+
+def test_widget_labels_are_not_cut(reports):
+    assert sum(r.labels for r in reports.values()) >= 20
+    cut = {page: r.cut_labels for page, r in reports.items() if r.cut_labels}
+    assert not cut, cut
+
+
+def test_live_only_controls_cannot_move_so_each_value_matches_its_figure(reports):
+    """A widget only a kernel can redraw shows its controls disabled in the static page."""
+    assert sum(r.live_only for r in reports.values()) >= 5
+    movable = {page: r.movable_live_controls for page, r in reports.items() if r.movable_live_controls}
+    assert not movable, movable
+
+
+def test_widget_panels_are_dark_in_dark_mode(reports):
+    assert sum(1 for r in reports.values() if r.widgets) >= 10
+    light = {page: r.light_dark_mode_panels[:5] for page, r in reports.items() if r.light_dark_mode_panels}
+    assert not light, light
+
+
 def test_a_screenshot_per_chapter(reports):
-    shots = sorted(OUTPUT.glob("ch*.png"))
+    shots = sorted(OUTPUT.glob("ch??.png"))
     assert len(shots) >= 7, shots
     assert all(s.stat().st_size > 10_000 for s in shots)
 

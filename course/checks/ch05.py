@@ -412,7 +412,7 @@ def _adamw_case(AdamW, make, opts, steps, what):
     for i in range(1, steps + 1):
         reference.step(problem)
         if i in got:
-            compare(got[i], _cat(problem.parameters()), f"{what}: the parameters after {i} step(s), against torch.optim.AdamW's",
+            compare(got[i], _cat(problem.parameters()), f"{what}: the parameters after {i} step(s), against PyTorch's",
                     "follow the update of torch.optim.AdamW: p *= 1 - lr*wd; m = b1 m + (1-b1) g; "
                     "v = b2 v + (1-b2) g^2; p -= lr * m_hat / (sqrt(v_hat) + eps).",
                     variants=[(lambda v=v, n=i: _adamw_variant(make(), n, opts, v), text) for v, text in _ADAMW_HINTS],
@@ -424,16 +424,10 @@ def _adamw_drawn(d: Draw, k: int) -> tuple:
     rng, names = d.rng, ["w1", "b1", "gain", "w2", "unused", "late"]
     rng.shuffle(names)
     cut = sorted(rng.sample(range(1, 6), rng.randrange(1, 3)))
-    groups = []
-    for part in [names[a:b] for a, b in zip([0] + cut, cut + [6])]:
-        group: dict = {"names": part}
-        if rng.random() < 0.7:
-            group["weight_decay"] = rng.choice([0.0, 0.01, 0.1, 0.5])
-        if rng.random() < 0.5:
-            group["lr"] = float(f"{10 ** rng.uniform(-3.3, -1.5):.3g}")
-        if rng.random() < 0.3:
-            group["betas"] = rng.choice([(0.8, 0.99), (0.9, 0.9), (0.5, 0.999)])
-        groups.append(group)
+    groups = [{"names": part, **({"weight_decay": rng.choice([0.0, 0.01, 0.1, 0.5])} if rng.random() < 0.7 else {}),
+               **({"lr": float(f"{10 ** rng.uniform(-3.3, -1.5):.3g}")} if rng.random() < 0.5 else {}),
+               **({"betas": rng.choice([(0.8, 0.99), (0.9, 0.9), (0.5, 0.999)])} if rng.random() < 0.3 else {})}
+              for part in (names[a:b] for a, b in zip([0] + cut, cut + [6]))]
     opts = {"lr": float(f"{10 ** rng.uniform(-3, -1.5):.3g}"), "betas": rng.choice([(0.9, 0.999), (0.9, 0.95)]),
             "eps": rng.choice([1e-8, 1e-6, 1e-3]), "weight_decay": rng.choice([0.01, 0.1, 0.3])}
     dims, seed, steps = (rng.randrange(2, 7), rng.randrange(2, 9), rng.randrange(1, 4)), d.sub(f"problem{k}").seed, \
@@ -548,8 +542,8 @@ def _lr_variants(step, max_lr, min_lr, warmup, max_steps, decay_steps):
     default = lambda: _lr_oracle(step, max_lr, min_lr, warmup, max_steps)  # noqa: E731
     yield (max_lr if warming else None,
            "the schedule is at its peak at step 0: warm up linearly, max_lr * (step + 1) / warmup_steps.")
-    yield max_lr * step / warmup if warming else None, "warm-up counts from step + 1: step 0 already uses max_lr / " \
-                                                       "warmup_steps, never 0."
+    yield (max_lr * step / warmup if warming else None,
+           "warm-up counts from step + 1: step 0 already uses max_lr / warmup_steps, never 0.")
     yield when(lambda _: warming), "during warm-up the rate rises linearly: max_lr * (step + 1) / warmup_steps."
     yield (default if decay_steps == 0 else None,
            "decay_steps=0 was taken for the default: 0 means no decay (max_lr up to max_steps); only None means every "
@@ -1132,7 +1126,7 @@ def _check_train_resume(train, hidden: bool) -> None:
             "random_batch with the run's own generator, the loss in train mode, zero_grad, backward, step; the "
             "optimizer is AdamW(param_groups(model, 0.1), lr=max_lr, betas=(0.9, 0.95)).",
             variants=[(lambda v=v: reference(v), text) for v, text in _TRAIN_HINTS])
-    if pieces == full and torch.equal(_cat(full_model.parameters()), _cat(resumed.parameters())):
+    if pieces == full and matches(_cat(resumed.parameters()), _cat(full_model.parameters()), (0.0, 0.0)):  # bit for bit
         expect(len(set(full)) > 1, "the losses did not change during training.", "call optimizer.step() every step.")
         return
     first_bad = next((i for i, (a, b) in enumerate(zip(pieces, full)) if a != b), len(full))

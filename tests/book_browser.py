@@ -54,7 +54,7 @@ SHOWN_FIGURES = """(demo) => Array.from(demo.querySelectorAll('img'))
 # labels cut short ("temperat..."): each as "what: how many px too wide".
 TOO_WIDE = """() => {
   const article = document.querySelector('.bd-article');
-  if (!article) return {blocks: 0, wide: [], labels: 0, cut: []};
+  if (!article) return {blocks: 0, wide: [], labels: 0, cut: [], shrunk: []};
   const style = getComputedStyle(article);
   const right = article.getBoundingClientRect().right - parseFloat(style.paddingRight);
   const shown = Array.from(article.querySelectorAll('pre, .cell_output > *')).filter(el => el.offsetParent);
@@ -66,7 +66,12 @@ TOO_WIDE = """() => {
     .filter(el => el.offsetParent && el.textContent.trim());
   const cut = labels.filter(el => el.scrollWidth > el.clientWidth)
     .map(el => `${el.textContent.trim()}: ${el.scrollWidth} px in ${el.clientWidth}`);
-  return {blocks: shown.filter(el => el.tagName === 'PRE').length, wide, labels: labels.length, cut};
+  // figures (not the demo frames, drawn at 1.5x on purpose) shown under 3/4 of their size
+  const shrunk = Array.from(article.querySelectorAll('.cell_output img:not(.course-frames img)'))
+    .filter(img => img.offsetParent && img.naturalWidth)
+    .map(img => img.getBoundingClientRect().width / img.naturalWidth).filter(scale => scale < 0.75)
+    .map(scale => `${Math.round(100 * scale)}%`);
+  return {blocks: shown.filter(el => el.tagName === 'PRE').length, wide, labels: labels.length, cut, shrunk};
 }"""
 # Live-only widgets (ipywidgets' interactive: a kernel redraws their figure): how many, and the
 # controls of theirs that a reader can still focus or move (book/_static/course.js makes them inert).
@@ -154,6 +159,7 @@ class PageReport:
     too_wide: list[str] = field(default_factory=list)      # code or output wider than the column
     labels: int = 0
     cut_labels: list[str] = field(default_factory=list)
+    shrunk_figures: list[str] = field(default_factory=list)    # shown at under 75% of their size
     live_only: int = 0                                     # widgets only a kernel can redraw
     movable_live_controls: list[str] = field(default_factory=list)
     light_dark_mode_panels: list[str] = field(default_factory=list)
@@ -250,6 +256,7 @@ class Browser:
         fit = page.evaluate(TOO_WIDE)
         report.code_blocks, report.too_wide = fit["blocks"], fit["wide"]
         report.labels, report.cut_labels = fit["labels"], fit["cut"]
+        report.shrunk_figures = fit["shrunk"]
         live = page.evaluate(LIVE_ONLY)
         report.live_only, report.movable_live_controls = live["count"], live["movable"]
 

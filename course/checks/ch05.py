@@ -23,7 +23,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 import torch.nn.utils.clip_grad
 
-from ._core import CheckFailed, call, earlier_answers, earlier_first, expect_tensor, forbid, own_fault  # noqa: F401
+from ._core import CheckFailed, call, earlier_answers, earlier_first, expect_tensor, forbid, own_fault
 from ._vocabulary import TOLERANCE, Draw, compare, diagnose, draw, expect, fail, matches, when
 
 # ----------------------------------------------------------------------------- shared models
@@ -1131,11 +1131,12 @@ def _check_train_resume(train, hidden: bool) -> None:
         return
     first_bad = next((i for i, (a, b) in enumerate(zip(pieces, full)) if a != b), len(full))
     saved_at = max([s for s in stops if s <= first_bad] or stops[:1])
+    where = (f"the run stopped at step {stops[0]} gave other losses than the uninterrupted run before stopping"
+             if first_bad < stops[0] else
+             f"resuming from the checkpoint saved at step {saved_at} did not continue the run exactly")
+    got, want = (xs[first_bad] if first_bad < len(xs) else None for xs in (pieces, full))
     with forbid(*_ADAMW_BUILTINS, exercise="the training loop with your own AdamW"):
-        fail((f"the run stopped at step {stops[0]} gave other losses than the uninterrupted run before stopping: "
-              if first_bad < stops[0] else f"resuming from the checkpoint saved at step {saved_at} did not continue "
-              "the run exactly: ") + f"the first different loss is at step {first_bad} ({pieces[first_bad] if first_bad < len(pieces) else None!r} "
-             f"instead of {full[first_bad] if first_bad < len(full) else None!r}).",
+        fail(f"{where}: the first different loss is at step {first_bad} ({got!r} instead of {want!r}).",
              _resume_hint(train, d, tokens, vocab, steps, stops, kw, first_bad))
 
 # ----------------------------------------------------------------------------- exercise 10

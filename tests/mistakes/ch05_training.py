@@ -247,6 +247,12 @@ MISTAKES.append(replace(next(m for m in MISTAKES if m.name == "train_default_bet
 
 # ---- exercise 11: the loss at initialisation
 MISTAKES += [
+    Mistake("init_loss_measured", "ex11_answer", "return math.log(V) + z_loss * math.log(V) ** 2",
+            "return float(cross_entropy(torch.zeros(1, V), torch.zeros(1, dtype=torch.long), "
+            "label_smoothing=label_smoothing, z_loss=z_loss))",
+            BOTH[11], "measuring instead of predicting", e2e=False),
+    Mistake("ce_logsumexp_method", "ex1_answer", "log_sum = shifted.exp().sum(dim=-1, keepdim=True).log()",
+            "log_sum = shifted.logsumexp(dim=-1, keepdim=True)", BOTH[1], "calling the built-in", e2e=False),
     Mistake("init_loss_without_z", "ex11_answer", "return math.log(V) + z_loss * math.log(V) ** 2",
             "return math.log(V)", BOTH[11], "the z-loss is not 0 at initialisation"),
     Mistake("init_loss_smoothing_scaled", "ex11_answer", "return math.log(V) + z_loss",

@@ -438,7 +438,10 @@ def test_the_kernel_learns_nothing_of_the_hidden_seed(graded):
     secret = int((out / "nbgrader" / "grading-secret").read_text())
     nb = nbformat.read(next((out / "nbgrader" / "autograded").rglob(f"wrong_seed_probe/{ASSIGNMENT}/{NOTEBOOK}")),
                        as_version=4)
-    tags = set(re.findall(r'hidden_(?:seed|generator|rng)\(f?"([^"{]+)', (ROOT / "course/checks/ch01.py").read_text()))
+    source = (ROOT / "course/checks/ch01.py").read_text()
+    drawn = set(re.findall(r'draw\(\s*"([^"{]+)"', source))            # each check's draw("tag", hidden)
+    subs = set(re.findall(r'\.sub\(f?"([^"{]+)', source))               # and its streams, d.sub("init")
+    tags = drawn | {f"{t}/{s}" for t in drawn for s in subs} | {f"{t}/{s}0" for t in drawn for s in subs}
     _hidden.set_grading_seed(submission_seed(secret, nb))
     try:
         hidden = {_hidden.hidden_seed(t) for t in tags} | {_hidden.hidden_seed(t) % 2**31 for t in tags}

@@ -138,17 +138,24 @@ _SPARE: list[tuple[str, "SandboxedKernelManager", object]] = []
 WARMUP = ["--IPKernelApp.exec_lines=import course.kernel_warmup as _warm; del _warm"]
 
 
+def _kernel_process(km):
+    return getattr(km.provisioner, "process", None) if km.has_kernel else None
+
+
+def _shut_down(km, sandbox) -> None:
+    """A spare kernel no notebook will use: killed (bubblewrap's --die-with-parent would too at
+    exit), its sandbox removed."""
+    process = _kernel_process(km)
+    if process is not None and process.poll() is None:
+        process.kill()
+        process.wait()
+    km.cleanup_resources()
+    sandbox.cleanup()
+
+
 def _shut_down_spare() -> None:
-    """At exit: the spare kernel is killed (bubblewrap's --die-with-parent would too) and its
-    sandbox removed."""
     while _SPARE:
-        _, km, sandbox = _SPARE.pop()
-        process = getattr(km.provisioner, "process", None) if km.has_kernel else None
-        if process is not None and process.poll() is None:
-            process.kill()
-            process.wait()
-        km.cleanup_resources()
-        sandbox.cleanup()
+        _shut_down(*_SPARE.pop()[1:])
 
 
 atexit.register(_shut_down_spare)
@@ -213,11 +220,10 @@ class CourseExecute(Execute):
         if not _SPARE:
             return None
         name, km, sandbox = _SPARE.pop()
-        process = getattr(km.provisioner, "process", None) if km.has_kernel else None
+        process = _kernel_process(km)
         if name == self.kernel_name and process is not None and process.poll() is None:
             return km, sandbox
-        _SPARE.append((name, km, sandbox))
-        _shut_down_spare()
+        _shut_down(km, sandbox)
         return None
 
     async def async_start_new_kernel_client(self):

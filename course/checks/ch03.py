@@ -842,16 +842,22 @@ def _window_ref(q, k, v, window: int, extra: int = 0, scale: str = "sqrt", padde
     return (torch.softmax(s, -1).unsqueeze(-2) @ vp.transpose(-2, -1)).squeeze(-2)
 
 
+def _blockwise_case(d, lengths: tuple[int, int], widths: tuple[int, int], blocks) -> tuple:
+    """A drawn case of a blockwise attention check: (batch, T, d_k, d_v, block, dtype), with T
+    in ``lengths``, d_k and d_v in ``widths`` and the block (window or chunk) in ``blocks(T)``."""
+    T = d.rng.randrange(*lengths)
+    batch = tuple(d.rng.randrange(1, 3) for _ in range(d.rng.randrange(1, 3)))
+    return (batch, T, d.rng.randrange(*widths), d.rng.randrange(*widths), d.rng.randrange(*blocks(T)),
+            d.rng.choice([torch.float32, torch.float64]))
+
+
 @_one_thread
 def check_sliding_window_attention(sliding_window_attention, scaled_dot_product_attention=None,
                                    hidden: bool = False) -> None:
     d = draw("sliding_window_attention", hidden)
     with _blame_attention_answer("sliding_window_attention", scaled_dot_product_attention):
-        # (batch, T, d_k, d_v, window, dtype).
         def drawn(d):
-            T = d.rng.randrange(8, 80)
-            return ((*(d.rng.randrange(1, 3) for _ in range(d.rng.randrange(1, 3))),), T, d.rng.randrange(1, 7),
-                    d.rng.randrange(1, 7), d.rng.randrange(1, max(2, T // 4)), d.rng.choice([torch.float32, torch.float64]))
+            return _blockwise_case(d, (8, 80), (1, 7), lambda T: (1, max(2, T // 4)))
 
         f32, f64 = torch.float32, torch.float64
         extra = [((1,), 64, 4, 4, 1, f32), ((2,), 30, 8, 2, 30, f64), ((3,), 7, 2, 3, 12, f32)] if d.hidden else []
@@ -933,11 +939,9 @@ def _chunked_variants(C: int) -> list:
 @_one_thread
 def check_chunked_linear_attention(chunked_linear_attention, hidden: bool = False) -> None:
     d, fn = draw("chunked_linear_attention", hidden), chunked_linear_attention
-    # (batch, T, d_k, d_v, chunk_size, dtype); T * d_k * d_v well above T * T / 2 is avoided: both limits bind.
+    # T * d_k * d_v well above T * T / 2 is avoided: both limits bind.
     def drawn(d):
-        T = d.rng.randrange(20, 120)
-        return ((*(d.rng.randrange(1, 3) for _ in range(d.rng.randrange(1, 3))),), T, d.rng.randrange(3, 9),
-                d.rng.randrange(3, 9), d.rng.randrange(2, max(3, T // 3)), d.rng.choice([torch.float32, torch.float64]))
+        return _blockwise_case(d, (20, 120), (3, 9), lambda T: (2, max(3, T // 3)))
 
     f32, f64 = torch.float32, torch.float64
     extra = [((2,), 64, 8, 8, 1, f64), ((1,), 40, 3, 4, 64, f32), ((3,), 71, 5, 6, 10, f64)] if d.hidden else []

@@ -843,8 +843,39 @@ def check_ntk_by_parts_frequencies(ntk_by_parts_frequencies, hidden: bool = Fals
 
 # ----------------------------------------------------------------------------- exercise 9
 
-REACH_SLOPE, REACH_THRESHOLD = 1 / 8, 0.01
-REACH_ANSWER = math.ceil(math.log(1 / REACH_THRESHOLD) / REACH_SLOPE)       # 37: e^(-d/8) < 1/100 from d = 36.84
+REACH_SLOPE, REACH_THRESHOLD = 1 / 8, 0.01     # the case the notebook measures
+
+
+def reach_answer(slope: float, threshold: float) -> int:
+    """The first whole distance d with e^(-slope d) < threshold: d > ln(1/threshold) / slope (37 for 1/8, 1%)."""
+    return math.floor(math.log(1 / threshold) / slope) + 1
+
+
+REACH_ANSWER = reach_answer(REACH_SLOPE, REACH_THRESHOLD)       # 37: e^(-d/8) < 1/100 from d = 36.84
+
+
+def judge_configured(name: str, predict: Callable, configs: list[tuple], answer: Callable[..., float],
+                     judge: Callable[[tuple, Any], None], shown: Callable[[tuple], str]) -> None:
+    """A prediction computed from its configuration: ``predict(*config)`` for each config, under
+    :func:`unmeasured`, then ``judge(config, value)``. An answer that gives one value for configurations
+    whose answers differ is a number read off one case (the notebook's measurement): that is its hint."""
+    values = []
+    for config in configs:
+        with unmeasured(name):
+            values.append(call(predict, *config, name=f"{name}({shown(config)})"))
+    for config, value in zip(configs, values):
+        try:
+            judge(config, value)
+        except CheckFailed:
+            same = all(repr(v) == repr(values[0]) for v in values)
+            if not same or len({answer(*c) for c in configs}) < 2:
+                raise
+            cases = "; ".join(f"{shown(c)} (expected {answer(*c):.6g})" for c in configs[:3])
+            fail(f"{name} returned {values[0]!r} for every configuration it was given: {cases}"
+                 f"{f' and {len(configs) - 3} more' if len(configs) > 3 else ''}.",
+                 "the same number for every configuration is a value read off one case (the notebook's "
+                 f"measurement, or the worked example), not a prediction: compute it from the arguments {name} "
+                 "receives, with plain arithmetic.")
 
 
 def _reach_oracle(slopes: torch.Tensor, threshold: float, n_keys: int, ratio: bool = True, shift: int = 0,
@@ -855,26 +886,46 @@ def _reach_oracle(slopes: torch.Tensor, threshold: float, n_keys: int, ratio: bo
     return torch.where(below.any(dim=-1), below.double().argmax(dim=-1).long() + shift, torch.tensor(no_key))
 
 
-def _check_prediction(predicted_reach) -> None:
-    exact = math.log(1 / REACH_THRESHOLD) / REACH_SLOPE
-    with unmeasured("predicted_reach"):
-        value = call(predicted_reach)
+def _reach_judge(config: tuple, value: Any) -> None:
+    slope, threshold = config
+    exact, want = math.log(1 / threshold) / slope, reach_answer(slope, threshold)
+    case = f"slope {slope:.4g}, {threshold:.4g} of the weight at d = 0"
     judge_prediction(
-        "predicted_reach", value, REACH_ANSWER, unit_hint="return your prediction as a number: the "
-        "distance d.", asked="the distance asked for (slope 1/8, 1%)", exact=0.0, close=0.99,
-        close_hint=f"e^(-d/8) falls below 1% at d = {exact:.2f}, but keys sit at whole distances d = 0, 1, 2, ... (a "
-        "distance is a whole number of tokens): the answer is the first whole distance past that point.", near=0.5,
-        guesses=[(math.floor(exact), "that rounds down: at that distance the weight is still above 1% (e^(-36/8) = "
-                                     "1.1%); the question asks for the first distance at which it is below."),
-                 (math.log10(1 / REACH_THRESHOLD) / REACH_SLOPE, "use the natural logarithm: weights come from exp, "
-                                                                 "so e^(-m d) < 0.01 means d > ln(100) / m."),
-                 (math.log(1 / REACH_THRESHOLD) * REACH_SLOPE, "the slope multiplies the distance: e^(-m d) < 0.01 "
-                                                               "means d > ln(100) / m, a division by m = 1/8."),
-                 (1 / (REACH_THRESHOLD * REACH_SLOPE), "the weight falls exponentially with distance, not as 1/d: "
-                                                       "the ratio of the weights at distance d and 0 is e^(-m d).")],
+        "predicted_reach", value, want, unit_hint="return your prediction as a number: the distance d.",
+        asked=f"the distance asked for ({case})", exact=0.0, close=0.99,
+        close_hint=f"e^(-m d) falls below {threshold:.4g} at d = {exact:.2f} here, but keys sit at whole distances d = "
+        "0, 1, 2, ... (a distance is a whole number of tokens): the answer is the first whole distance past that point.",
+        near=0.5,
+        guesses=[(want - 1, "that rounds down: at that distance the weight is still above the threshold; the question asks "
+                            "for the first distance at which it is below.")] + [
+            (value_of(x), hint) for x, hint in (
+                (math.log10(1 / threshold) / slope, "use the natural logarithm: weights come from exp, so e^(-m d) < "
+                                                    "threshold means d > ln(1 / threshold) / m."),
+                (math.log(1 / threshold) * slope, "the slope multiplies the distance: e^(-m d) < threshold means d > "
+                                                  "ln(1 / threshold) / m, a division by m."),
+                (1 / (threshold * slope), "the weight falls exponentially with distance, not as 1/d: the ratio of the "
+                                          "weights at distance d and 0 is e^(-m d)."))
+            for value_of in (lambda x: x, lambda x: math.floor(x) + 1)],
         fallback="with equal content scores, the softmax weights of two keys differ by the factor e^(bias "
-        "difference): the key at distance d has e^(-m d) times the weight of distance 0. Solve e^(-m d) < 0.01 for "
-        "the smallest integer d.")
+        "difference): the key at distance d has e^(-m d) times the weight of distance 0. Solve e^(-m d) < threshold "
+        "for the smallest whole d.")
+
+
+def _reach_configs(hidden: bool) -> list[tuple[float, float]]:
+    """(slope, threshold): the notebook's case and one more; hidden, drawn ones that no cell of the notebook
+    measures (any slope, a threshold other than 1%), away from a tie (ln(1/threshold) / slope near a whole d)."""
+    def drawn(d: Draw) -> tuple[float, float]:
+        while True:
+            slope, threshold = round(2 ** d.rng.uniform(-9, 1), 6), round(10 ** d.rng.uniform(-5, -0.3), 6)
+            x = math.log(1 / threshold) / slope
+            if abs(x - round(x)) > 1e-3 and abs(threshold - REACH_THRESHOLD) > 1e-3:
+                return slope, threshold
+    return draw("predicted_reach", hidden).cases([(REACH_SLOPE, REACH_THRESHOLD), (0.5, 0.05)], drawn, 4)
+
+
+def _check_prediction(predicted_reach, hidden: bool = False) -> None:
+    judge_configured("predicted_reach", predicted_reach, _reach_configs(hidden), reach_answer, _reach_judge,
+                     shown=lambda c: f"slope={c[0]:.6g}, threshold={c[1]:.6g}")
 
 
 def _reach_variants(slopes: torch.Tensor, threshold: float, n_keys: int, got: torch.Tensor,
@@ -911,7 +962,7 @@ def check_alibi_reach(predicted_reach, alibi_reach, hidden: bool = False) -> Non
             at = math.log(1 / threshold) / slopes.double()
             if bool(((at - at.round()).abs() > 1e-3).all()):
                 return slopes, threshold, d.rng.randrange(20, 600)
-    _check_prediction(predicted_reach)
+    _check_prediction(predicted_reach, hidden)
     d = draw("alibi_reach", hidden)
     for before, threshold, n_keys in d.cases(
             [(torch.tensor([0.5, 0.125, 1 / 256]), 0.01, 2048), (torch.tensor([1.0, 0.01]), 0.2, 50)]

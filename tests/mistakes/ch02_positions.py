@@ -218,13 +218,21 @@ MISTAKES = [
             "turns = train_len * theta / (2 * math.pi)", "turns = torch.floor(train_len * theta / (2 * math.pi))",
             EX8, "the number of turns is not rounded", e2e=False),
     # 9: predict, then measure
-    Mistake("reach_predicted_rounded_down", "ex9_answer", "return 37 ", "return 36 ",
-            EX9, "that rounds down"),
-    Mistake("reach_predicted_with_log10", "ex9_answer", "return 37 ", "return 16 ",
-            EX9, "use the natural logarithm"),
-    # 36.84 is where the weight crosses 1%; the keys sit at whole distances.
-    Mistake("reach_predicted_not_whole", "ex9_answer", "return 37 ", "return 8 * math.log(100) ",
-            EX9, "a distance is a whole number of tokens", e2e=False),
+    Mistake("reach_predicted_rounded_down", "ex9_answer", "return math.floor(math.log(1 / threshold) / slope) + 1",
+            "return math.floor(math.log(1 / threshold) / slope)", EX9, "that rounds down"),
+    Mistake("reach_predicted_with_log10", "ex9_answer", "math.floor(math.log(1 / threshold) / slope) + 1",
+            "math.floor(math.log10(1 / threshold) / slope) + 1", EX9, "use the natural logarithm"),
+    # ln(1/t)/m is where the weight crosses the threshold; the keys sit at whole distances.
+    Mistake("reach_predicted_not_whole", "ex9_answer", "return math.floor(math.log(1 / threshold) / slope) + 1",
+            "return math.log(1 / threshold) / slope", EX9, "a distance is a whole number of tokens", e2e=False),
+    # The loophole of issue 32: the number read off the notebook's measurement (slope 1/8, 1%), whatever the
+    # configuration; and the prediction measured with the student's own alibi_reach.
+    Mistake("reach_predicted_constant_from_measurement", "ex9_answer",
+            "return math.floor(math.log(1 / threshold) / slope) + 1", "return 37",
+            EX9, "the same number for every configuration is a value read off one case"),
+    Mistake("reach_predicted_by_measuring", "ex9_answer", "return math.floor(math.log(1 / threshold) / slope) + 1",
+            "return int(alibi_reach(torch.tensor([float(slope)]), threshold, 100000).item())",
+            EX9, "measuring instead of predicting", e2e=False),
     Mistake("reach_absolute_threshold", "ex9_answer",
             "below = weights < threshold * weights[:, :1]", "below = weights < threshold",
             EX9, "the threshold is relative"),

@@ -17,11 +17,11 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ._core import (CheckFailed, call, earlier_answers, earlier_first, expect_tensor, forbid, judge_prediction,
-                    unmeasured)
+from ._core import CheckFailed, call, earlier_answers, earlier_first, expect_tensor, forbid, judge_prediction
 from ._core import one_thread as _one_thread
 from ._recorders import LargestTensor as _LargestTensor
 from ._vocabulary import compare, diagnose, draw, expect, fail, matches, when
+from .ch02 import judge_configured
 
 # ----------------------------------------------------------------------------- helpers
 
@@ -710,9 +710,17 @@ def check_grouped_query_attention(grouped_query_attention, scaled_dot_product_at
 
 # ----------------------------------------------------------------------------- exercise 6
 
-ENTROPY_ANSWER = math.log(512)
+ENTROPY_CASE = (1024, 511)          # (seq_len, position): the case the notebook measures
 _ROUNDED_HINT = ("a rounded decimal (or a value read off a measurement) is not the prediction: return the arithmetic "
                  "that gives it, as a Python expression (math.log(...) and the like), exact to float precision.")
+
+
+def entropy_answer(seq_len: int, position: int) -> float:
+    """The limit, temperature -> infinity, of the entropy of the causal query at ``position``: ln(position + 1)."""
+    return math.log(position + 1)
+
+
+ENTROPY_ANSWER = entropy_answer(*ENTROPY_CASE)
 
 
 def _entropy_oracle(scores, mask=None, temperature=1.0, base=math.e, ignore_mask=False, multiply=False):
@@ -726,7 +734,7 @@ def _entropy_oracle(scores, mask=None, temperature=1.0, base=math.e, ignore_mask
 
 
 def entropy_prediction_passes(predicted_entropy) -> bool:
-    """For the exercise's demo, which shows the measurement only once the prediction passes its test."""
+    """For the exercise's demo, which shows the measurement only once the prediction passes its visible test."""
     try:
         _check_entropy_prediction(predicted_entropy)
     except CheckFailed:
@@ -734,27 +742,43 @@ def entropy_prediction_passes(predicted_entropy) -> bool:
     return True
 
 
-def _check_entropy_prediction(predicted_entropy) -> None:
+def _entropy_judge(config: tuple[int, int], value) -> None:
+    seq_len, position = config
+    keys = position + 1
     guesses = [
-        (math.log(1024), "the query at position 511 of a causal sequence sees only keys 0 .. 511: the causal mask "
-                         "leaves 512 keys, not 1024."),
-        (math.log2(512), "entropy in nats uses the natural logarithm: ln, not log2."),
-        (math.log2(1024), "entropy in nats uses the natural logarithm, and the causal query sees 512 keys."),
-        (math.log(511), "positions 0 .. 511 are 512 keys: the query sees itself too."),
-        (0.0, "that is the limit temperature -> 0 (all the weight on the largest score). As the temperature grows, "
-              "scores / temperature all go to 0 and the weights become uniform."),
-        (512.0, "that is the number of keys; the entropy of a uniform distribution over n keys is ln(n)."),
+        (math.log(seq_len) if seq_len != keys else None, f"the query at position {position} of a causal sequence "
+         f"sees only keys 0 .. {position}: the causal mask leaves {keys} keys, not {seq_len}."),
+        (math.log2(keys), "entropy in nats uses the natural logarithm: ln, not log2."),
+        (math.log2(seq_len), f"entropy in nats uses the natural logarithm, and the causal query sees {keys} keys."),
+        (math.log(position) if position > 0 else None, f"positions 0 .. {position} are {keys} keys: the query sees "
+                                                       "itself too."),
+        (0.0 if keys > 1 else None, "that is the limit temperature -> 0 (all the weight on the largest score). As the "
+                                    "temperature grows, scores / temperature all go to 0 and the weights become "
+                                    "uniform."),
+        (float(keys), "that is the number of keys; the entropy of a uniform distribution over n keys is ln(n)."),
     ]
-    with unmeasured("predicted_entropy"):
-        value = call(predicted_entropy)
-    judge_prediction("predicted_entropy", value, ENTROPY_ANSWER,
+    judge_prediction("predicted_entropy", value, entropy_answer(seq_len, position),
                      unit_hint="return your prediction as a number of nats.",
-                     asked="the entropy asked for (causal query at position 511 of 1024 tokens, temperature -> "
-                           "infinity)",
-                     exact=1e-9, close=0.01, close_hint=_ROUNDED_HINT, guesses=guesses, near=0.01,
+                     asked=f"the entropy asked for (causal query at position {position} of {seq_len} tokens, "
+                           "temperature -> infinity)",
+                     exact=1e-9, close=0.01, close_hint=_ROUNDED_HINT,
+                     guesses=[(v, h) for v, h in guesses if v is not None], near=0.01,
                      fallback="scores / temperature all go to 0 as the temperature grows, so the weights become "
                               "uniform over the keys the query may see; the entropy of a uniform distribution over n "
                               "outcomes is ln(n) nats.")
+
+
+def _entropy_configs(hidden: bool) -> list[tuple[int, int]]:
+    """(seq_len, position): the notebook's case and one more; hidden, drawn ones that no cell measures."""
+    def drawn(d) -> tuple[int, int]:
+        seq_len = d.rng.choice([d.rng.randrange(2, 64), d.rng.randrange(64, 200_000)])
+        return seq_len, d.rng.choice([seq_len - 1, d.rng.randrange(0, seq_len)])
+    return draw("predicted_entropy", hidden).cases([ENTROPY_CASE, (10, 6)], drawn, 4)
+
+
+def _check_entropy_prediction(predicted_entropy, hidden: bool = False) -> None:
+    judge_configured("predicted_entropy", predicted_entropy, _entropy_configs(hidden), entropy_answer,
+                     _entropy_judge, shown=lambda c: f"seq_len={c[0]}, position={c[1]}")
 
 
 def _entropy_variants(scores, mask, temperature, want: torch.Tensor) -> list:
@@ -790,7 +814,7 @@ def _entropy_variants(scores, mask, temperature, want: torch.Tensor) -> list:
 
 @_one_thread
 def check_attention_entropy(predicted_entropy, attention_entropy, hidden: bool = False) -> None:
-    _check_entropy_prediction(predicted_entropy)
+    _check_entropy_prediction(predicted_entropy, hidden)
     d = draw("attention_entropy", hidden)
     # (scores, mask, temperature, what): masks with an empty row, tiny and large temperatures, float64.
     def drawn(d):

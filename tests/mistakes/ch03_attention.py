@@ -197,19 +197,28 @@ MISTAKES = [
             BOTH["ex5"], "the mask was ignored"),
     # ---------------------------------------------------------------- 6: entropy, predicted and measured
     Mistake("entropy_prediction_ignores_causal_mask", "ex6_answer",
-            "return math.log(512)", "return math.log(1024)",
-            BOTH["ex6"], "the causal mask leaves 512 keys"),
+            "return math.log(position + 1)", "return math.log(seq_len)",
+            BOTH["ex6"], "the causal mask leaves"),
     Mistake("entropy_prediction_in_bits", "ex6_answer",
-            "return math.log(512)", "return math.log2(512)",
+            "return math.log(position + 1)", "return math.log2(position + 1)",
             BOTH["ex6"], "ln, not log2"),
-    # Within 0.01 of the answer, yet a slip of its own (the query's own key forgotten), not a rounding.
+    # Within 0.01 of the answer on the notebook's case, yet a slip of its own (the query's own key), not a rounding.
     Mistake("entropy_prediction_forgets_own_key", "ex6_answer",
-            "return math.log(512)", "return math.log(511)",
+            "return math.log(position + 1)", "return math.log(max(position, 1))",
             BOTH["ex6"], "the query sees itself too", e2e=False),
-    # The demo's measurement pasted as a rounded decimal: within 0.01, but the arithmetic is asked for.
+    # The right derivation rounded to the demo's four decimals: within 0.01, but the arithmetic is asked for.
     Mistake("entropy_prediction_rounded_decimal", "ex6_answer",
-            "return math.log(512)", "return 6.2383",
+            "return math.log(position + 1)", "return round(math.log(position + 1), 4)",
             BOTH["ex6"], "return the arithmetic that gives it, as a Python expression", e2e=False),
+    # The loophole of issue 32: the exact value of the notebook's case, whatever the configuration; and the
+    # prediction measured with the student's own attention_entropy.
+    Mistake("entropy_prediction_constant_from_measurement", "ex6_answer",
+            "return math.log(position + 1)", "return math.log(512)",
+            BOTH["ex6"], "the same number for every configuration is a value read off one case"),
+    Mistake("entropy_prediction_by_measuring", "ex6_answer",
+            "return math.log(position + 1)",
+            "return attention_entropy(torch.zeros(1, seq_len), torch.arange(seq_len) <= position).item()",
+            BOTH["ex6"], "measuring instead of predicting", e2e=False),
     Mistake("entropy_zero_times_log_zero", "ex6_answer",
             "    terms = torch.where(p > 0, -p * log_p, torch.zeros_like(p))           # 0 * log 0 counts as 0\n"
             "    return terms.sum(dim=-1).nan_to_num(0.0)",

@@ -23,7 +23,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from . import _core
-from ._core import CheckFailed, call, earlier_first, expect_tensor, judge_prediction, one_thread as _one_thread
+from ._core import CheckFailed, call, earlier_first, expect_tensor, one_thread as _one_thread
 from ._core import unmeasured
 from ._vocabulary import compare, diagnose, draw, expect, fail, matches, when
 
@@ -935,41 +935,71 @@ def _memory_cases(d) -> list[tuple]:
     return cases + ([(PUBLISHED["Llama-2-70B"][0], 32_768, 8, torch.bfloat16, torch.float8_e4m3fn)] if d.hidden else [])
 
 
-# The prediction of exercise 7: the KV cache of Qwen2-7B (28 layers, 4 key/value heads of 128) for 8 sequences of
-# 32,768 tokens, in bfloat16.
-KV_PREDICTION = dict(n_layers=28, n_heads=28, n_kv_heads=4, d_head=128, seq_len=32768, batch_size=8, bytes=2)
-KV_ANSWER = 2 * math.prod(v for k, v in KV_PREDICTION.items() if k != "n_heads")   # a key and a value
+# The prediction of exercise 7: the KV cache of a configuration. Visible, Qwen2-7B for 8 sequences of 32,768 tokens in
+# bfloat16 (the case asked on paper, and the one the notebook measures), a model without grouping and a one-byte cache;
+# hidden, configurations drawn at grading time, none of them a visible case.
+QWEN2_7B = dict(vocab_size=152064, d_model=3584, n_layers=28, n_heads=28, n_kv_heads=4, d_ff=18944,
+                tie_embeddings=False)
+MEASURED = (QWEN2_7B, 32768, 8, 2)         # (config, seq_len, batch_size, bytes_per_number)
 
 
-def _check_kv_prediction(predicted_kv_cache_bytes) -> None:
-    c = KV_PREDICTION
-    guesses = [
-        (KV_ANSWER / 2, "a factor 2 is missing: the cache holds a key AND a value per token, layer and key/value "
-         "head, and each number takes 2 bytes in bfloat16."),
-        (KV_ANSWER * c["n_heads"] / c["n_kv_heads"], "with grouped-query attention the cache holds the n_kv_heads = 4 "
-         "key/value heads, not the 28 query heads (d_model = 28 x 128 is the query width)."),
-        (KV_ANSWER * 2, "bfloat16 takes 2 bytes per number, not 4."),
-        (KV_ANSWER / c["batch_size"], "8 sequences each keep their own cache: multiply by the batch size."),
-        (KV_ANSWER / c["n_layers"], "every one of the 28 layers keeps its own keys and values."),
-        (KV_ANSWER / 4, "both factors of 2 are missing: a key and a value, and 2 bytes per bfloat16 number."),
-        (KV_ANSWER / 2 ** 30, "give the answer in bytes, not GiB."),
-        (KV_ANSWER / 1e9, "give the answer in bytes, not GB."),
-    ]
-    with unmeasured("predicted_kv_cache_bytes"):
-        value = call(predicted_kv_cache_bytes)
-    judge_prediction(
-        "predicted_kv_cache_bytes", value, KV_ANSWER,
-        unit_hint="return your prediction as a number of bytes (an int, or the arithmetic that gives it).",
-        asked="the size of the KV cache asked for (Qwen2-7B, 8 sequences of 32,768 tokens, bfloat16)",
-        exact=0, close=0.01 * KV_ANSWER,
-        close_hint="close, but not exact: a count of bytes is an integer; write the product, not a rounded reading.",
-        guesses=guesses, near=1e-6, relative=True, shown=",.0f",
-        fallback="bytes = 2 (a key and a value) x n_layers x n_kv_heads x d_head x tokens x sequences x bytes per "
-                 "number.")
+def _kv_oracle(c: dict, seq_len: int, batch: int, nbytes: int, variant: str = "ok") -> int:
+    """Bytes of the keys and values of ``batch`` sequences of ``seq_len`` tokens; ``variant`` a known slip."""
+    heads = c["n_heads"] if variant == "n_heads" else c["n_kv_heads"]
+    per_token = (1 if variant == "keys_only" else 2) * (1 if variant == "one_layer" else c["n_layers"]) * heads
+    per_token *= c["d_model"] // c["n_heads"] * (2 if variant == "two_bytes" else nbytes)
+    return per_token * seq_len * (1 if variant == "no_batch" else batch)
+
+
+_KV_SLIPS = [
+    ("keys_only", "a factor 2 is missing: the cache holds a key AND a value per token, layer and key/value head."),
+    ("n_heads", "with grouped-query attention the cache holds the n_kv_heads key/value heads, not the n_heads query "
+     "heads (d_model = n_heads x d_head is the query width)."),
+    ("two_bytes", "each number takes bytes_per_number bytes: use the argument, not a fixed 2."),
+    ("no_batch", "each of the batch_size sequences keeps its own cache: multiply by the batch size."),
+    ("one_layer", "every one of the n_layers layers keeps its own keys and values."),
+]
+
+
+def _kv_cases(d) -> list[tuple]:
+    visible = [MEASURED, (PUBLISHED["Llama-2-7B"][0], 4096, 1, 2), (PUBLISHED["Llama-3-8B"][0], 8192, 4, 1)]
+    answers = {_kv_oracle(*case) for case in visible}
+
+    def drawn(d):      # a configuration no visible case (and so no measurement of the notebook) covers
+        case = (_random_config(d)[1], d.rng.randrange(1, 200_000), d.rng.randrange(1, 33), d.rng.choice([1, 2, 4]))
+        return case if _kv_oracle(*case) not in answers else drawn(d)
+    return d.cases(visible, drawn, 4)
+
+
+def _check_kv_prediction(predicted_kv_cache_bytes, hidden: bool = False) -> None:
+    """Run with no tensor operation allowed (``unmeasured``): the prediction is arithmetic on the configuration."""
+    seen = []                       # (answer, expected) of the cases before: a constant answers them all alike
+    for c, seq_len, batch, nbytes in _kv_cases(draw("kv_prediction", hidden)):
+        with unmeasured("predicted_kv_cache_bytes"):
+            got = call(predicted_kv_cache_bytes, dict(c), seq_len, batch, nbytes, name="predicted_kv_cache_bytes")
+        label = (f"predicted_kv_cache_bytes({c['n_layers']} layers, {c['n_heads']} heads of which {c['n_kv_heads']} "
+                 f"key/value, d_model={c['d_model']}; seq_len={seq_len}, batch_size={batch}, bytes_per_number={nbytes})")
+        expect(isinstance(got, (int, float)) and not isinstance(got, bool), f"{label} returned {type(got).__name__}, "
+               "expected a number.", "return the number of bytes as a Python int: arithmetic on the arguments.")
+        want = _kv_oracle(c, seq_len, batch, nbytes)
+        compare(got, want, label, "count what the cache keeps: for every layer, key/value head, token and sequence, "
+                "one key and one value vector of d_head = d_model // n_heads numbers, of bytes_per_number bytes each.",
+                variants=[
+                    (when(lambda v: v == _kv_oracle(*MEASURED)), "that is the cache of Qwen2-7B for 8 sequences of "
+                     "32,768 tokens, the case the notebook measures: compute the bytes from the configuration and "
+                     "sizes you are given, not a number read off one measurement."),
+                    (when(lambda v: any(v == old and w != want for old, w in seen)), "the same number came back for "
+                     "another configuration: compute the bytes from the arguments, not a number read off one case."),
+                    *((lambda v=v: _kv_oracle(c, seq_len, batch, nbytes, v), text) for v, text in _KV_SLIPS),
+                    (want / 2 ** 30, "give the answer in bytes, not GiB."), (want / 1e9, "give the answer in bytes, "
+                                                                                 "not GB."),
+                    (when(lambda v: abs(v - want) <= 0.01 * want), "close, but not exact: a count of bytes is an "
+                     "integer; write the product, not a rounded reading.")])
+        seen.append((got, want))
 
 
 def kv_prediction_passes(predicted_kv_cache_bytes) -> bool:
-    """For the exercise's measurement, shown only once the prediction passes its test."""
+    """For the exercise's measurement, shown only once the prediction passes its visible test."""
     try:
         _check_kv_prediction(predicted_kv_cache_bytes)
     except CheckFailed:
@@ -979,7 +1009,7 @@ def kv_prediction_passes(predicted_kv_cache_bytes) -> bool:
 
 def check_memory(count_params, inference_memory_bytes, predicted_kv_cache_bytes=None, hidden: bool = False) -> None:
     if predicted_kv_cache_bytes is not None:
-        _check_kv_prediction(predicted_kv_cache_bytes)
+        _check_kv_prediction(predicted_kv_cache_bytes, hidden)
     d = draw("memory", hidden)
     tiny = dict(vocab_size=10, d_model=4, n_layers=1, n_heads=2, n_kv_heads=1, d_ff=6, tie_embeddings=True)
     configs = [(name, c, want) for name, (c, want) in PUBLISHED.items() if hidden or name != "Llama-2-70B"]

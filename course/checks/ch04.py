@@ -24,10 +24,10 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ._core import (CheckFailed, call, earlier_answers, earlier_first, expect_tensor, forbid, judge_prediction,
-                    unmeasured)
+from ._core import CheckFailed, call, earlier_answers, earlier_first, expect_tensor, forbid, judge_prediction
 from ._core import meta_table, one_thread as _one_thread
 from ._vocabulary import compare, draw, expect, fail, when
+from .ch02 import judge_configured
 from .ch03 import _rope_complex
 
 # ----------------------------------------------------------------------------- helpers
@@ -921,15 +921,20 @@ def _moe_one_expert(MoE, d) -> None:
 # ----------------------------------------------------------------------------- exercise 9
 
 
-# Llama 3 8B: d_model 4096, a vocabulary of 128256 (embeddings untied), 32 layers of SwiGLU width 14336 and
-# 8 key/value heads of 128 features.
-_D, _V, _L, _H = 4096, 128256, 32, 14336
-_BLOCKS = _L * (2 * _D * _D + 2 * _D * 1024 + 3 * _D * _H + 2 * _D)
-FFN_SHARE_ANSWER = _L * 3 * _D * _H / (2 * _V * _D + _BLOCKS + _D)
+# Llama 3 8B, the case the notebook measures: (vocab_size, d_model, n_layers, n_heads, n_kv_heads, d_hidden).
+SHARE_CASE = (128256, 4096, 32, 32, 8, 14336)
+
+
+def ffn_share_answer(V: int, d: int, L: int, H: int, H_kv: int, h: int) -> float:
+    """The FFNs' share of all the parameters of a gated decoder without biases, RMSNorm, untied embeddings."""
+    return L * 3 * d * h / _count_oracle(V, d, L, H, H_kv, h, gated=True, bias=False, norm="rms", tied=False)
+
+
+FFN_SHARE_ANSWER = ffn_share_answer(*SHARE_CASE)
 
 
 def ffn_share_prediction_passes(predicted_ffn_share) -> bool:
-    """For the exercise's demo, which shows the measurement only once the prediction passes its test."""
+    """For the exercise's demo, which shows the measurement only once the prediction passes its visible test."""
     try:
         _check_ffn_share_prediction(predicted_ffn_share)
     except CheckFailed:
@@ -937,31 +942,46 @@ def ffn_share_prediction_passes(predicted_ffn_share) -> bool:
     return True
 
 
-def _check_ffn_share_prediction(predicted_ffn_share) -> None:
-    d, V, L, h, ffn = _D, _V, _L, _H, _L * 3 * _D * _H
+def _share_judge(config: tuple, value: Any) -> None:
+    V, d, L, H, H_kv, h = config
+    q, kv, ffn, want = H * (d // H), H_kv * (d // H), L * 3 * d * h, ffn_share_answer(*config)
+    blocks = L * (2 * d * q + 2 * d * kv + 3 * d * h + 2 * d)
     guesses = [
-        (ffn / _BLOCKS, "that is the share of the blocks' parameters only: the question asks for all of them, with "
-                        "the embedding and the output layer (2 x 128256 x 4096) in the total."),
-        (ffn / (_BLOCKS + V * d + d), "Llama 3 8B's embeddings are untied: the output layer is a second 128256 x "
-                                      "4096 matrix."),
-        (ffn / (2 * V * d + L * (4 * d * d + 3 * d * h + 2 * d) + d),
-         "w_k and w_v were counted at full width: with 8 key/value heads of 128 features they map 4096 to 1024."),
-        (L * 2 * d * h / (2 * V * d + L * (2 * d * d + 2 * d * 1024 + 2 * d * h + 2 * d) + d),
-         "SwiGLU has three matrices per layer (gate, up, down), not two."),
-        (100 * FFN_SHARE_ANSWER, "return a fraction between 0 and 1, not a percentage."),
+        (ffn / blocks, "that is the share of the blocks' parameters only: the question asks for all of them, with "
+                       "the embedding and the output layer (two vocab_size x d_model matrices) in the total."),
+        (ffn / (blocks + V * d + d), "the embeddings are untied: the output layer is a second vocab_size x d_model "
+                                     "matrix."),
+        (ffn / (2 * V * d + blocks + 2 * L * d * (q - kv) + d) if kv != q else None,
+         f"w_k and w_v were counted at full width: with {H_kv} key/value heads of {d // H} features they map "
+         f"{d} to {kv}."),
+        (L * 2 * d * h / (2 * V * d + blocks - L * d * h + d), "SwiGLU has three matrices per layer (gate, up, "
+                                                               "down), not two."),
+        (100 * want, "return a fraction between 0 and 1, not a percentage."),
     ]
-    with unmeasured("predicted_ffn_share"):
-        value = call(predicted_ffn_share, name="predicted_ffn_share")
     judge_prediction(
-        "predicted_ffn_share", value, FFN_SHARE_ANSWER,
-        unit_hint="return your prediction as a fraction between 0 and 1.",
-        asked="the FFNs' share of Llama 3 8B's parameters", exact=1e-9, close=2e-3,
+        "predicted_ffn_share", value, want, unit_hint="return your prediction as a fraction between 0 and 1.",
+        asked="the FFNs' share of the parameters of this configuration", exact=1e-9, close=2e-3,
         close_hint="a rounded decimal (or a value read off a measurement) is not the prediction: return the arithmetic "
-                   "that gives it, as a Python expression of the configuration's numbers, exact to float precision.",
-        guesses=guesses, near=1e-6, shown=".6g",
-        fallback="per layer the FFN holds 3 * 4096 * 14336 weights; the total adds attention (w_q and w_o of 4096 x "
-                 "4096, w_k and w_v of 4096 x 1024), two norms per layer, the final norm, the embedding and the "
-                 "output layer.")
+                   "that gives it, from the configuration's numbers, exact to float precision.",
+        guesses=[(v, hint) for v, hint in guesses if v is not None], near=1e-6, shown=".6g",
+        fallback="per layer the FFN holds 3 * d_model * d_hidden weights; the total adds attention (w_q and w_o of "
+                 "d_model x n_heads * d_head, w_k and w_v of d_model x n_kv_heads * d_head), two norms per layer, the "
+                 "final norm, the embedding and the output layer.")
+
+
+def _share_configs(hidden: bool) -> list[tuple]:
+    """Llama 3 8B and Llama 2 7B (MHA, a smaller vocabulary); hidden, configurations drawn at grading time."""
+    def drawn(d) -> tuple:
+        H = d.rng.choice([1, 2, 4, 8, 12, 16, 32, 64])
+        return (d.rng.randrange(2, 200_000), H * d.rng.choice([8, 16, 64, 128]), d.rng.randrange(1, 100), H,
+                d.rng.choice([k for k in (1, 2, 4, 8, H) if H % k == 0]), d.rng.randrange(1, 30_000))
+    return draw("predicted_ffn_share", hidden).cases([SHARE_CASE, (32000, 4096, 32, 32, 32, 11008)], drawn, 4)
+
+
+def _check_ffn_share_prediction(predicted_ffn_share, hidden: bool = False) -> None:
+    judge_configured("predicted_ffn_share", predicted_ffn_share, _share_configs(hidden), ffn_share_answer,
+                     _share_judge, shown=lambda c: "vocab_size={}, d_model={}, n_layers={}, n_heads={}, "
+                                                   "n_kv_heads={}, d_hidden={}".format(*c))
 
 
 class _Part(nn.Module):
@@ -1036,7 +1056,7 @@ def _share_variants(model: nn.Module, part: type) -> list[tuple[float, str]]:
 
 @_one_thread
 def check_ffn_share(predicted_ffn_share, param_share, hidden: bool = False) -> None:
-    _check_ffn_share_prediction(predicted_ffn_share)
+    _check_ffn_share_prediction(predicted_ffn_share, hidden)
     for model, part, want, what in _share_cases(draw("param_share", hidden)):
         got = call(param_share, model, part, name="param_share")
         label = f"param_share(model, {part.__name__}) on {what}"

@@ -260,16 +260,28 @@ MISTAKES = [
             BOTH["ex8"], "f_e must count the routing decisions"),
     # ---------------------------------------------------------------- 9: predict, then measure
     Mistake("share_of_blocks_only", "ex9_answer",
-            "total = 2 * V * d + L * (attention + ffn + 2 * d) + d", "total = L * (attention + ffn + 2 * d)",
+            "total = 2 * vocab_size * d_model + n_layers * (attention + ffn + 2 * d_model) + d_model",
+            "total = n_layers * (attention + ffn + 2 * d_model)",
             BOTH["ex9"], "the share of the blocks' parameters only"),
     Mistake("share_tied_embeddings", "ex9_answer",
-            "total = 2 * V * d + L", "total = V * d + L",
+            "total = 2 * vocab_size * d_model", "total = vocab_size * d_model",
             BOTH["ex9"], "embeddings are untied"),
     Mistake("share_kv_full_width", "ex9_answer",
-            "attention = d * d + 2 * d * (8 * 128) + d * d", "attention = 4 * d * d",
+            "attention = 2 * d_model * n_heads * d_head + 2 * d_model * n_kv_heads * d_head",
+            "attention = 4 * d_model * n_heads * d_head",
             BOTH["ex9"], "w_k and w_v were counted at full width"),
-    Mistake("share_rounded_decimal", "ex9_answer", "return L * ffn / total", "return 0.702",
-            BOTH["ex9"], "a rounded decimal"),
+    Mistake("share_rounded_decimal", "ex9_answer", "return n_layers * ffn / total",
+            "return round(n_layers * ffn / total, 3)", BOTH["ex9"], "a rounded decimal"),
+    # The loophole of issue 32: the decimal read off the notebook's measurement on Llama 3 8B, whatever the
+    # configuration; and the prediction measured on a model built on the meta device.
+    Mistake("share_constant_from_measurement", "ex9_answer", "return n_layers * ffn / total",
+            "return 0.7019876940372239", BOTH["ex9"],
+            "the same number for every configuration is a value read off one case"),
+    Mistake("share_by_measuring", "ex9_answer", "return n_layers * ffn / total",
+            "with torch.device('meta'):\n"
+            "        ffn_layer = SwiGLU(d_model, d_hidden)\n"
+            "    return n_layers * sum(p.numel() for p in ffn_layer.parameters()) / total",
+            BOTH["ex9"], "measuring instead of predicting", e2e=False),
     Mistake("param_share_double_counts", "ex9_answer",
             "return sum(p.numel() for p in params if id(p) in inside) / total",
             "return sum(p.numel() for m in model.modules() if isinstance(m, part) for p in m.parameters()) / total",

@@ -817,21 +817,13 @@ def check_int8_linear(Int8Linear, hidden: bool = False) -> None:
         for shape in ((3, d_in), (2, 4, d_in)):
             _check_int8_forward(module, reference, q.double() * scale.double().repeat_interleave(gs, dim=1),
                                 d.randn(*shape), gs, label)
+        _check_int8_holdings(module, reference, gs, label)     # after forward: a copy made there counts too
 
 
 def _check_int8_storage(module, reference: nn.Linear, gs: int, label: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """The int8 weight and its scales, kept as buffers, and nothing as large as the float weight."""
+    """The int8 weight and its scales, kept as buffers (what else the module holds: _check_int8_holdings)."""
     (d_out, d_in), bias = reference.weight.shape, reference.bias is not None
     expect(isinstance(module, nn.Module), f"{label} should be an nn.Module.", "subclass nn.Module.")
-    state = call(module.state_dict, name=f"{label}.state_dict")
-    stored = sum(t.numel() * t.element_size() for t in state.values() if isinstance(t, torch.Tensor))
-    limit = d_out * d_in + 4 * d_out * (d_in // gs) + (4 * d_out if bias else 0)
-    floats = [k for k, t in state.items() if isinstance(t, torch.Tensor) and t.is_floating_point()
-              and t.numel() == d_in * d_out and gs > 1]
-    expect(not floats and stored <= limit,
-           f"{label} stores {stored} bytes, expected at most {limit} (int8 weight, float32 scales and bias).",
-           f"store only the int8 weight and its scales (register_buffer), not the float weight as well"
-           f"{' (found ' + ', '.join(floats) + ')' if floats else ''}: that is the whole point of quantising.")
     missing = [name for name in ("weight_int8", "scale") + (("bias",) if bias else ())
                if name not in dict(module.named_buffers())]
     expect(not missing, f"{label} keeps {', '.join(missing)} outside its buffers.",
@@ -847,6 +839,64 @@ def _check_int8_storage(module, reference: nn.Linear, gs: int, label: str) -> tu
                        "quantize_int8(weight, group_size), one scale per group, shape (out, in // group_size), not one "
                        "per row.")])
     return q, scale
+
+
+def _holdings(module: nn.Module, args, output) -> list[tuple[str, str, str, list, int]]:
+    """A forward hook, run where the module lives (the student's kernel while grading): in place of the output,
+    every tensor the module holds, reached through its attributes (parameters, buffers, plain attributes),
+    submodules and containers, each storage once: (path, kind, dtype, shape, bytes of its storage)."""
+    import types
+
+    found, seen, storages = [], set(), set()
+    kinds = {"_parameters": "a parameter", "_buffers": "a buffer", "_modules": ""}
+
+    def walk(obj, path: str, kind: str, depth: int) -> None:
+        if id(obj) in seen or depth > 8:
+            return
+        seen.add(id(obj))
+        if isinstance(obj, torch.Tensor):
+            if (obj.device.type, obj.untyped_storage().data_ptr()) not in storages:
+                storages.add((obj.device.type, obj.untyped_storage().data_ptr()))
+                found.append((path, kind, str(obj.dtype).replace("torch.", ""), list(obj.shape),
+                              int(obj.untyped_storage().nbytes())))
+            return
+        if isinstance(obj, (types.ModuleType, types.FunctionType, types.MethodType, type)):
+            return
+        items = (obj.items() if isinstance(obj, dict) else enumerate(obj) if isinstance(obj, (list, tuple, set))
+                 else vars(obj).items() if hasattr(obj, "__dict__") else ())
+        for key, value in list(items):
+            inner = kinds.get(key) if isinstance(obj, nn.Module) else None
+            if inner is not None:       # a module's own tables: their entries are named as attributes
+                walk(value, path, inner or kind, depth + 1)
+            else:
+                walk(value, f"{path}.{key}" if path else str(key), kind or "a plain attribute", depth + 1)
+    walk(module, "", "", 0)
+    return found
+
+
+def _check_int8_holdings(module, reference: nn.Linear, gs: int, label: str) -> None:
+    """Storage by what the module holds, not by its state_dict: the int8 weight, the float32 scales and the bias,
+    and no float copy of the weight (a plain attribute is not in state_dict, but it is in memory)."""
+    (d_out, d_in), bias = reference.weight.shape, reference.bias is not None
+    handle = call(module.register_forward_hook, _holdings, name=f"{label}.register_forward_hook")
+    try:
+        held = call(module, torch.zeros(1, d_in), name=f"{label}.forward")
+    finally:
+        handle.remove()
+    expect(isinstance(held, list), f"{label}: its forward hooks did not run, so what it holds could not be listed.",
+           "define forward(x) and call the layer as layer(x); do not override __call__.")
+    limit = d_out * d_in + 4 * d_out * (d_in // gs) + (4 * d_out if bias else 0)
+    stored = sum(nbytes for *_, nbytes in held)
+    copies = [f"{path} ({kind}, {dtype} {tuple(shape)})" for path, kind, dtype, shape, _ in held
+              if not dtype.startswith("int") and math.prod(shape) >= d_out * d_in and path != "scale"]
+    shown = ", ".join(f"{path}: {dtype} {tuple(shape)}" for path, _, dtype, shape, _ in held)
+    expect(not copies and stored <= limit,
+           f"{label} holds {stored} bytes of tensors, expected at most {limit} (int8 weight, float32 scales and "
+           f"bias): {shown}.",
+           "store only the int8 weight and its scales (register_buffer), not the float weight as well"
+           f"{' (found ' + ', '.join(copies) + ')' if copies else ''}: dequantise inside forward and keep nothing "
+           "else, as a parameter, a buffer or a plain attribute; what the layer holds stays in memory, whether "
+           "state_dict saves it or not.")
 
 
 def _check_int8_forward(module, reference: nn.Linear, w_hat: torch.Tensor, x: torch.Tensor, gs: int,

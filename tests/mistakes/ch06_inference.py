@@ -129,6 +129,18 @@ MISTAKES = [
             '        self.register_buffer("scale", scale)',
             '        self.register_buffer("scale", scale)\n        self.weight = linear.weight',
             ("ex6_visible", "ex6_hidden"), "not the float weight as well"),
+    # A float copy as a plain attribute is not in state_dict, but it is in memory (issue 32, item 3).
+    Mistake("int8_linear_keeps_dequantised_copy", "ex6_answer",
+            "        w = dequantize_int8(self.weight_int8, self.scale)          # (out, in) float32\n",
+            "        if not hasattr(self, \"w_float\"):                          # dequantised once, then reused\n"
+            "            self.w_float = dequantize_int8(self.weight_int8, self.scale)\n"
+            "        w = self.w_float\n",
+            ("ex6_visible", "ex6_hidden"), "found w_float (a plain attribute"),
+    Mistake("int8_linear_float_attribute_in_init", "ex6_answer",
+            '        self.register_buffer("scale", scale)                       # (out, in // group_size) float32\n',
+            '        self.register_buffer("scale", scale)                       # (out, in // group_size) float32\n'
+            '        self.cache = {"w": dequantize_int8(q, scale)}\n',
+            ("ex6_visible", "ex6_hidden"), "found cache.w (a plain attribute"),
     Mistake("int8_linear_drops_bias", "ex6_answer", "return F.linear(x, w, self.bias)", "return F.linear(x, w)",
             ("ex6_visible", "ex6_hidden"), "add the layer's bias"),
     # ---------------------------------------------------------------- 7: memory

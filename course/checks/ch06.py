@@ -619,20 +619,39 @@ def _check_generation(generate_batch, model: TinyDecoder, alone: list, eos_id: i
 # ----------------------------------------------------------------------------- exercise 5: beam search
 
 
-def _markov_step(table: torch.Tensor, bias: torch.Tensor, prefixes: torch.Tensor) -> torch.Tensor:
-    """A toy decoder: log-probs of the next token given the last one and the position."""
-    return torch.log_softmax(table[prefixes[:, -1]] + bias[prefixes.shape[1] - 1], dim=-1)
+class _MarkovStep(nn.Module):
+    """A toy decoder: prefixes (N, t) -> log-probs (N, V) of the next token given the last one and the position.
+    It counts its calls in a buffer (the grader gets a module's state back from the student's kernel)."""
+
+    def __init__(self, table: torch.Tensor, bias: torch.Tensor) -> None:
+        super().__init__()
+        self.register_buffer("table", table)
+        self.register_buffer("bias", bias)
+        self.register_buffer("calls", torch.zeros((), dtype=torch.long))
+
+    @torch.no_grad()
+    def forward(self, prefixes: torch.Tensor) -> torch.Tensor:
+        _core.expect(prefixes.dim() == 2 and len(prefixes) > 0, f"step_fn was called with prefixes of shape "
+                     f"{tuple(prefixes.shape)}, expected (N, t) with N >= 1.", "stop as soon as no hypothesis is "
+                     "alive: once every kept candidate has ended in eos, there is nothing left to expand.")
+        self.calls += 1
+        return torch.log_softmax(self.table[prefixes[:, -1]] + self.bias[prefixes.shape[1] - 1], dim=-1)
 
 
-def _beam_oracle(step_fn, bos, eos, beam_size, max_len, alpha, variant="ok"):
-    """Beam search by its definition, best first: [(tokens after bos, normalised score)]; ``variant`` a known bug."""
+def _beam_oracle(step_fn, bos, eos, beam_size, max_len, alpha, variant="ok", steps=None):
+    """Beam search by its definition, best first: [(tokens after bos, normalised score)]; ``variant`` a known bug;
+    one step appended to ``steps`` per call of step_fn."""
     alive, finished = [([bos], 0.0)], []
     while alive and len(alive[0][0]) <= max_len:
+        (steps if steps is not None else []).append(len(alive))
         logp = step_fn(torch.tensor([t for t, _ in alive])).double()
         cands = sorted((((0.0 if variant == "no_parent" else score) + logp[i, v].item(), i, v)
                         for i, (_, score) in enumerate(alive) for v in range(logp.shape[1])), key=lambda c: -c[0])
-        new = [(alive[i][0] + [v], score) for score, i, v in cands[:beam_size]]
-        ended = [v == eos and variant != "eos_ignored" for _, _, v in cands[:beam_size]]
+        if variant == "refill":       # the bug: a candidate ending in eos takes no place, the beam is topped up
+            cands = [c for j, c in enumerate(cands) if sum(x[2] != eos for x in cands[:j]) < beam_size]
+        kept = cands if variant == "refill" else cands[:beam_size]
+        new = [(alive[i][0] + [v], score) for score, i, v in kept]
+        ended = [v == eos and variant != "eos_ignored" for _, _, v in kept]
         finished += [h for h, e in zip(new, ended) if e]
         alive = [h for h, e in zip(new, ended) if not e]
     finished += alive if variant != "drop_alive" else []
@@ -654,7 +673,7 @@ def _beam_cases(d) -> list[tuple]:
     for V, beam, max_len, alpha, sharp in specs:
         table, bias = d.randn(V, V) * sharp, d.randn(max_len + 1, V)
         bias[:, V - 1] += torch.linspace(-1.5, 1.5, max_len + 1)     # the end (V - 1) becomes likelier with length
-        cases.append((functools.partial(_markov_step, table, bias), 0, V - 1, beam, max_len, alpha))
+        cases.append((_MarkovStep(table, bias), 0, V - 1, beam, max_len, alpha))
     return cases
 
 
@@ -667,6 +686,8 @@ _BEAM_VARIANTS = [
     ("no_parent", "a candidate's score is its parent's score plus the log-prob of the new token: rank the candidates "
      "by that sum, not by the last token's log-prob alone."),
     ("drop_alive", "at max_len the hypotheses still alive count as finished too: add them before ranking."),
+    ("refill", "a candidate that ends in eos takes one of the beam_size places of its step: keep the beam_size best "
+     "candidates, then move those ending in eos out; the beam shrinks, it is not topped up with lower candidates."),
 ]
 
 
@@ -681,6 +702,7 @@ def check_beam_search(beam_search, hidden: bool = False) -> None:
     for step_fn, bos, eos, beam, max_len, alpha in _beam_cases(draw("beam_search", hidden)):
         label = f"beam_search(beam_size={beam}, max_len={max_len}, length_penalty={alpha})"
         got = call(beam_search, step_fn, bos, eos, beam, max_len, alpha, name="beam_search")
+        n_calls = int(step_fn.calls)          # before the oracles below call step_fn themselves
         expect(isinstance(got, (list, tuple)) and all(isinstance(h, (list, tuple)) and len(h) == 2 for h in got),
                f"{label} should return a list of (tokens, score) pairs.",
                "return [(tokens, normalised_score), ...], best first.")
@@ -697,6 +719,10 @@ def check_beam_search(beam_search, hidden: bool = False) -> None:
                 "best first.", variants=[(when(lambda _, v=v: matches(_hypotheses(sorted(got), width),
                                                                       table(v, sorted), _F32)), text)
                                          for v, text in _BEAM_VARIANTS], tol=_F32)
+        _beam_oracle(step_fn, bos, eos, beam, max_len, alpha, steps=(steps := []))
+        expect(n_calls == len(steps), f"{label} called step_fn {n_calls} times for a search of {len(steps)} steps "
+               f"(alive hypotheses at each step: {steps}).", "score every alive hypothesis of a step in one call of "
+               "step_fn: the decoder takes the (N, t) prefixes of all N of them at once, once per step.")
 
 # ----------------------------------------------------------------------------- exercise 6: int8 weights
 

@@ -104,6 +104,20 @@ MISTAKES = [
     Mistake("beam_drops_alive_at_max_len", "ex5_answer",
             "    finished += alive                                             # reached max_len without eos\n", "",
             ("ex5_visible", "ex5_hidden"), "still alive count as finished"),
+    # Conditions of the spec no case exercised before (issue 32, item 6).
+    Mistake("beam_refills_after_eos", "ex5_answer",
+            "        for score, index in zip(top.values.tolist(), top.indices.tolist()):\n",
+            "        top = scores.flatten().topk(scores.numel())                # topped up past finished ones\n"
+            "        for score, index in zip(top.values.tolist(), top.indices.tolist()):\n"
+            "            if len(new_alive) == beam_size:\n"
+            "                break\n",
+            ("ex5_visible", "ex5_hidden"), "the beam shrinks, it is not topped up"),
+    Mistake("beam_scores_each_hypothesis_alone", "ex5_answer",
+            "logp = step_fn(torch.tensor([tokens for tokens, _ in alive])).double()      # (N, V)",
+            "logp = torch.cat([step_fn(torch.tensor([tokens])) for tokens, _ in alive]).double()",
+            ("ex5_visible", "ex5_hidden"), "in one call of step_fn"),
+    Mistake("beam_never_stops_early", "ex5_answer", "        if not alive:\n            break\n", "",
+            ("ex5_visible", "ex5_hidden"), "stop as soon as no hypothesis is alive"),
     # ---------------------------------------------------------------- 6: int8, per group
     Mistake("one_scale_per_tensor", "ex6_answer", "amax = wg.abs().amax(dim=-1)", "amax = wg.abs().amax()",
             ("ex6_visible", "ex6_hidden"), "not one for the whole tensor"),

@@ -996,12 +996,14 @@ def _tiny_lm(d: Draw, vocab: int, dropout: float) -> TinyLM:
 
 
 def _resume_experiment(train, d: Draw, tokens, vocab, dropout, lr_pair, steps, stops, kw):
-    """An uninterrupted run, and a run stopped at each of ``stops`` then resumed on a fresh model."""
+    """An uninterrupted run, and a run stopped at each of ``stops`` then resumed on a fresh model:
+    (full losses, resumed losses, the two final models, (the first stop's checkpoint as the resumed
+    call left it, a copy of it as saved))."""
     full_model, model = _tiny_lm(d.sub("init"), vocab, dropout), _tiny_lm(d.sub("init"), vocab, dropout)
     args = dict(max_lr=lr_pair[0], min_lr=lr_pair[1], **kw)
     full, _ = _train_call(train, full_model, tokens, steps, d.sub("rng0"), f"train(..., num_steps={steps})", steps,
                           **args)
-    pieces, checkpoint, start = [], None, 0
+    pieces, checkpoint, start, first = [], None, 0, None
     for k, stop in enumerate(stops + [None]):
         if k > 0:
             model = _tiny_lm(d.sub(f"init{k}"), vocab, dropout)      # a fresh model: resuming must restore it
@@ -1012,9 +1014,10 @@ def _resume_experiment(train, d: Draw, tokens, vocab, dropout, lr_pair, steps, s
                                   f"stop_at={stop}) (steps {start} to {end - 1})", end - start,
                                   resume_from=checkpoint, stop_at=stop, **args)
         checkpoint = _round_trip(saved, f"the checkpoint after step {end}")
+        first = (checkpoint, copy.deepcopy(checkpoint)) if first is None else first     # as given, and as saved
         pieces += part
         start = end
-    return full, pieces, full_model, model
+    return full, pieces, full_model, model, first
 
 
 def check_train_resume(train, cross_entropy=None, random_batch=None, AdamW=None, param_groups=None, lr_at=None,
@@ -1115,8 +1118,8 @@ def _check_train_resume(train, hidden: bool) -> None:
     d = draw("train_resume", hidden)
     tokens, vocab, steps, stops, kw = _train_resume_setup(d)
     with forbid(*_ADAMW_BUILTINS, exercise="the training loop with your own AdamW"):
-        full, pieces, full_model, resumed = _resume_experiment(train, d, tokens, vocab, 0.2, (1e-2, 1e-3), steps,
-                                                               stops, kw)
+        full, pieces, full_model, resumed, first = _resume_experiment(train, d, tokens, vocab, 0.2, (1e-2, 1e-3),
+                                                                      steps, stops, kw)
     # The uninterrupted run is the spec's loop: compared with one built from PyTorch's parts.
     reference = lambda variant="ok": _reference_losses(_tiny_lm(d.sub("init"), vocab, 0.2), tokens, vocab,  # noqa: E731
                                                        (1e-2, 1e-3), steps, d.sub("rng0"), kw, variant)
@@ -1128,6 +1131,11 @@ def _check_train_resume(train, hidden: bool) -> None:
             variants=[(lambda v=v: reference(v), text) for v, text in _TRAIN_HINTS])
     if pieces == full and matches(_cat(resumed.parameters()), _cat(full_model.parameters()), (0.0, 0.0)):  # bit for bit
         expect(len(set(full)) > 1, "the losses did not change during training.", "call optimizer.step() every step.")
+        expect(_same_data(*first), f"resuming from the checkpoint of step {stops[0]} changed that checkpoint (the "
+               "tensors it was given were updated in place).", "clone what you load from the checkpoint (the "
+               "optimizer's moments): a checkpoint is resumed again after a failed run, and must not change.")
+        with forbid(*_ADAMW_BUILTINS, exercise="the training loop with your own AdamW"):
+            _check_checkpoint_alone(train, d, tokens, vocab, steps, stops[0], kw, full, first[1])
         return
     first_bad = next((i for i, (a, b) in enumerate(zip(pieces, full)) if a != b), len(full))
     saved_at = max([s for s in stops if s <= first_bad] or stops[:1])
@@ -1138,6 +1146,77 @@ def _check_train_resume(train, hidden: bool) -> None:
     with forbid(*_ADAMW_BUILTINS, exercise="the training loop with your own AdamW"):
         fail(f"{where}: the first different loss is at step {first_bad} ({got!r} instead of {want!r}).",
              _resume_hint(train, d, tokens, vocab, steps, stops, kw, first_bad))
+
+# Of a checkpoint, what is state (taken from the run being resumed) rather than a label: tensors,
+# and sequences of numbers longer than this (a generator's state written out as a list).
+_STATE_LENGTH = 16
+
+
+def _same_data(a, b) -> bool:
+    """Whether two checkpoints hold the same data, tensors bit for bit."""
+    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+        return isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.dtype == b.dtype and \
+            a.shape == b.shape and bool(torch.equal(a, b))
+    if isinstance(a, dict) and isinstance(b, dict):
+        return list(a) == list(b) and all(_same_data(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)) and type(a) is type(b):
+        return len(a) == len(b) and all(_same_data(x, y) for x, y in zip(a, b))
+    return type(a) is type(b) and a == b
+
+
+def _is_state(value) -> bool:
+    return isinstance(value, torch.Tensor) or (isinstance(value, (list, tuple, bytes)) and len(value) > _STATE_LENGTH
+                                               and all(isinstance(v, (int, float)) for v in value))
+
+
+def _transplant(labels, state, path: str = "checkpoint"):
+    """``labels``' layout and its numbers and strings, with the state (:func:`_is_state`) of
+    ``state`` at the same places: two checkpoints of runs stopped at the same step."""
+    if _is_state(labels) or _is_state(state):
+        if not (_is_state(labels) and _is_state(state)):
+            raise ValueError(path)
+        return state
+    if isinstance(labels, dict) and isinstance(state, dict) and len(labels) == len(state):
+        return {k: _transplant(v, w, f"{path}[{k!r}]") for (k, v), w in zip(labels.items(), state.values())}
+    if isinstance(labels, (list, tuple)) and type(labels) is type(state) and len(labels) == len(state):
+        return type(labels)(_transplant(v, w, f"{path}[{i}]") for i, (v, w) in enumerate(zip(labels, state)))
+    if isinstance(labels, (dict, list, tuple)) or isinstance(state, (dict, list, tuple)):
+        raise ValueError(path)
+    return labels
+
+
+_OUTSIDE = ("the resumed run continued state kept outside the checkpoint it was given (a module-level dict, a "
+            "global, a function or class attribute, a default argument, found through an id or key that the "
+            "checkpoint holds): a real resumption starts in a new process, where none of that exists. Put the "
+            "state itself in the checkpoint (tensors: the weights, the optimizer's moments, the generators' "
+            "states) and restore everything from it.")
+
+
+def _check_checkpoint_alone(train, d: Draw, tokens, vocab, steps, stop, kw, full, first) -> None:
+    """Nothing but the checkpoint carries the run: a second run B (other weights, data seed and
+    dropout stream) stops at the same step; resumed from B's checkpoint with run A's tensors put
+    in (B's numbers, strings and layout kept), the run must continue A's run bit for bit. State
+    held in the kernel between calls (found through a key in B's checkpoint, or the last run's)
+    continues B's run instead."""
+    args = dict(max_lr=1e-2, min_lr=1e-3, **kw)
+    other = {**args, "seed": kw.get("seed", 0) + 1}
+    _, saved = _train_call(train, _tiny_lm(d.sub("initB"), vocab, 0.2), tokens, steps, d.sub("rngB"),
+                           f"train(stop_at={stop}) of a second run", stop, stop_at=stop, **other)
+    labels = _round_trip(saved, f"the checkpoint of a second run after step {stop}")
+    try:
+        mixed = _transplant(labels, first)
+    except ValueError as err:
+        fail(f"two runs of the same model and settings stopped at step {stop} gave checkpoints of different layouts "
+             f"(they differ at {str(err)[:200]}).", "the checkpoint's layout (its keys, the lengths of its lists) "
+             "should depend only on the model and the step; keep ids and run labels out of its structure.")
+    part, _ = _train_call(train, _tiny_lm(d.sub("initH"), vocab, 0.2), tokens, steps, d.sub("rngH"),
+                          f"train(resume_from=<checkpoint of step {stop}>) (steps {stop} to {steps - 1})", steps - stop,
+                          resume_from=mixed, **args)
+    if part != full[stop:]:
+        bad = next(i for i, (a, b) in enumerate(zip(part, full[stop:])) if a != b) + stop
+        fail(f"resumed from the checkpoint of step {stop} of one run, whose numbers, strings and layout came from "
+             f"another run's checkpoint of the same step, the run gave another loss at step {bad} "
+             f"({part[bad - stop]!r} instead of {full[bad]!r}).", _OUTSIDE)
 
 # ----------------------------------------------------------------------------- exercise 10
 

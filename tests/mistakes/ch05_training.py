@@ -1,10 +1,23 @@
 """Chapter 5: common mistakes, each of which must lose points and get its own hint."""
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from notebook_tools import Mistake, TwoMistakes
 
 BOTH = {k: (f"ex{k}_visible", f"ex{k}_hidden") for k in range(1, 12)}
+
+
+@dataclass(frozen=True)
+class Edits(Mistake):
+    """A wrong answer of several edits: the first as a Mistake's, then each (cell, old, new) of ``more``."""
+
+    more: tuple = ()
+
+    def apply(self, answers: dict[str, str]) -> dict[str, str]:
+        answers = super().apply(answers)
+        for cell, old, new in self.more:
+            answers = Mistake(self.name, cell, old, new, self.failing, self.hint).apply(answers)
+        return answers
 
 MISTAKES = [
     # ---- exercise 1: cross-entropy
@@ -267,3 +280,26 @@ MISTAKES += [
 E2E = {"ce_smoothing_on_ignored", "adamw_state_recreated_every_step", "scaler_never_grows_back",
        "resume_rng_not_restored", "batch_last_window_never_drawn", "ce_z_of_shifted_logits", "clip_norm_in_low_precision",
        "tiny_not_causal"}
+
+# ---- state that outlives a call (issue 32): every call runs in the same kernel
+MISTAKES += [
+    # The optimizer's state in a module-level dict, only its key in the checkpoint.
+    Edits("resume_optimizer_state_in_module_dict", "ex9_answer", "def train(model: nn.Module, tokens",
+          "_OPTIMIZER_STATES = {}    # run -> optimizer state, kept between calls\n\n\n"
+          "def train(model: nn.Module, tokens", BOTH[9], "state kept outside the checkpoint", more=(
+              ("ex9_answer", 'zip(params, resume_from["optimizer"])', 'zip(params, _OPTIMIZER_STATES[resume_from["optimizer"]])'),
+              ("ex9_answer", "    checkpoint = {", "    key = len(_OPTIMIZER_STATES)\n"
+               "    _OPTIMIZER_STATES[key] = [optimizer.state.get(p) for p in params]\n    checkpoint = {"),
+              ("ex9_answer", '"optimizer": [optimizer.state.get(p) for p in params]', '"optimizer": key'))),
+    # Everything in a function attribute, the last run's: no key at all.
+    Edits("resume_everything_in_function_attribute", "ex9_answer", "        model.load_state_dict(resume_from[\"model\"])",
+          "        resume_from = train.last", BOTH[9], "state kept outside the checkpoint", more=(
+              ("ex9_answer", "    return losses, checkpoint\n", "    train.last = checkpoint\n"
+               "    return losses, {\"step\": end}\n"),
+              ("ex9_answer", "        for p, state in zip(", "        model.load_state_dict(resume_from[\"model\"])\n"
+               "        for p, state in zip("))),
+    # The loaded moments used in place: resuming changes the checkpoint it was given.
+    Mistake("resume_moments_not_cloned_on_load", "ex9_answer",
+            "optimizer.state[p] = {k: (v.clone() if torch.is_tensor(v) else v) for k, v in state.items()}",
+            "optimizer.state[p] = state", BOTH[9], "clone what you load from the checkpoint"),
+]

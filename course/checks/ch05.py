@@ -465,16 +465,31 @@ class _GroupsModel(nn.Module):
             self.head.weight = self.tok.weight
 
 
+class _GroupsTables(nn.Module):
+    """2-D parameters that are not nn.Linear weights: a bare position table and attention's packed
+    input projection (whose out_proj is an nn.Linear subclass)."""
+
+    def __init__(self, d: int = 8, heads: int = 2, rows: int = 6):
+        super().__init__()
+        self.tok = nn.Embedding(13, d)
+        self.pos = nn.Parameter(torch.zeros(rows, d))
+        self.attn = nn.MultiheadAttention(d, heads)
+        self.ln = nn.LayerNorm(d)
+        self.head = nn.Linear(d, 13)
+
+
 class _GroupsDrawn(nn.Module):
     def __init__(self, rng: random.Random):
         super().__init__()
-        vocab, d = rng.randrange(5, 40), rng.randrange(2, 13)
+        vocab, d = rng.randrange(5, 40), rng.randrange(1, 7) * 2
         self.tok = nn.Embedding(vocab, d)
         layers: list[nn.Module] = [nn.Linear(d, d, bias=rng.random() < 0.5)]
         for _ in range(rng.randrange(1, 4)):
             layers.append(rng.choice([nn.Linear(d, d, bias=rng.random() < 0.5), nn.LayerNorm(d), nn.GELU(),
-                                      nn.Embedding(rng.randrange(2, 9), d)]))
+                                      nn.Embedding(rng.randrange(2, 9), d), nn.MultiheadAttention(d, 2)]))
         self.body = nn.ModuleList(layers)
+        if rng.random() < 0.5:
+            self.table = nn.Parameter(torch.zeros(rng.randrange(2, 9), d))
         self.norm = nn.LayerNorm(d, bias=rng.random() < 0.5)
         self.head = nn.Linear(d, vocab, bias=rng.random() < 0.4)
         if rng.random() < 0.6 and self.head.bias is None:
@@ -493,6 +508,7 @@ def _groups_case(param_groups, model: nn.Module, wd: float) -> None:
            "set 'weight_decay' in each dict: the first group gets the weight_decay passed in, the second 0.0.")
     params = list(model.parameters())
     ids = [id(p) for g in groups for p in g["params"]]
+    named = {id(p): (n, p) for n, p in model.named_parameters()}
     embeddings = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)}
     linear_weights = {id(m.weight) for m in model.modules() if isinstance(m, nn.Linear)}
     expect(len(ids) == len(set(ids)), "a parameter appears twice in the groups.",
@@ -505,17 +521,27 @@ def _groups_case(param_groups, model: nn.Module, wd: float) -> None:
     expect(not decayed & embeddings, "an embedding table is in the decayed group.",
            "this course does not decay embeddings, even when the table is tied to the output layer (a convention: "
            "nanoGPT decays every matrix, embeddings included; decide per module type, not by ndim alone).")
-    expect(not decayed - linear_weights, "LayerNorm parameters or biases are in the decayed group.",
+    flat = sorted(named[i][0] for i in decayed - linear_weights if named[i][1].ndim < 2)
+    expect(not flat, f"LayerNorm parameters or biases are in the decayed group ({', '.join(flat[:4])}).",
            "decay only matrices of nn.Linear layers: biases and norm gains are 1-D and should not be pulled to 0.")
-    expect(decayed == linear_weights - embeddings, "some nn.Linear weights are missing from the decayed group.",
-           "every nn.Linear weight that is not also an embedding table is decayed.")
+    other = sorted(named[i][0] for i in decayed - linear_weights)
+    expect(not other, f"2-D parameters that are not nn.Linear weights are in the decayed group ({', '.join(other[:4])}).",
+           "decide by the module, not by the shape: only the weights of nn.Linear layers are decayed; a bare "
+           "nn.Parameter (a position table) or nn.MultiheadAttention's in_proj_weight stays in the second group.")
+    missing = sorted(named[i][0] for i in linear_weights - embeddings - decayed)
+    expect(not missing, f"nn.Linear weights are missing from the decayed group ({', '.join(missing[:4])}).",
+           "every nn.Linear weight that is not also an embedding table is decayed, subclasses of nn.Linear too "
+           "(nn.MultiheadAttention's out_proj): test with isinstance, not type(...) is nn.Linear.")
 
 
 def check_param_groups(param_groups, hidden: bool = False) -> None:
     _groups_case(param_groups, _GroupsModel(tied=True), 0.1)
+    _groups_case(param_groups, _GroupsTables(), 0.05)
     if hidden:
         rng = draw("param_groups", hidden).rng
         _groups_case(param_groups, _GroupsModel(tied=False), float(f"{rng.uniform(0.01, 0.3):.3g}"))
+        _groups_case(param_groups, _GroupsTables(rng.randrange(1, 6) * 4, 4, rng.randrange(2, 30)),
+                     float(f"{rng.uniform(0.01, 0.3):.3g}"))
         for _ in range(4):
             _groups_case(param_groups, _GroupsDrawn(rng), float(f"{rng.uniform(0.01, 0.5):.3g}"))
 

@@ -83,17 +83,27 @@ MISTAKES = [
             "if p.grad is None:\n                    p.mul_(1 - lr * wd)\n                    continue", BOTH[3],
             "skipped entirely"),
     # ---- exercise 4: parameter groups
-    Mistake("groups_by_ndim_decay_embeddings", "ex4_answer", "if isinstance(module, nn.Embedding) or p.ndim < 2:",
-            "if p.ndim < 2:", BOTH[4], "does not decay embeddings"),
-    Mistake("groups_biases_and_norms_decayed", "ex4_answer", "if isinstance(module, nn.Embedding) or p.ndim < 2:",
-            "if isinstance(module, nn.Embedding):", BOTH[4], "biases and norm gains are 1-D"),
+    Mistake("groups_by_ndim_decay_embeddings", "ex4_answer",
+            "matrices = {id(m.weight) for m in model.modules() if isinstance(m, nn.Linear)} - embedded",
+            "matrices = {id(p) for p in model.parameters() if p.ndim >= 2}", BOTH[4], "does not decay embeddings"),
+    Mistake("groups_biases_and_norms_decayed", "ex4_answer",
+            "matrices = {id(m.weight) for m in model.modules() if isinstance(m, nn.Linear)} - embedded",
+            "matrices = {id(p) for m in model.modules() if not isinstance(m, nn.Embedding) "
+            "for p in m.parameters(recurse=False)} - embedded", BOTH[4], "biases and norm gains are 1-D"),
     Mistake("groups_tied_weight_twice", "ex4_answer",
-            "for p in model.parameters():            # each shared parameter once\n"
-            "        (no_decay if id(p) in no_decay_ids else decay).append(p)",
-            "for module in model.modules():\n        for p in module.parameters(recurse=False):\n"
-            "            (no_decay if id(p) in no_decay_ids else decay).append(p)", BOTH[4], "a tied weight is one Parameter"),
+            "no_decay = [p for p in model.parameters() if id(p) not in matrices]",
+            "no_decay = [p for m in model.modules() for p in m.parameters(recurse=False) if id(p) not in matrices]",
+            BOTH[4], "a tied weight is one Parameter"),
     Mistake("groups_both_decayed", "ex4_answer", '{"params": no_decay, "weight_decay": 0.0}',
             '{"params": no_decay, "weight_decay": weight_decay}', BOTH[4], "the second 0.0"),
+    # Every 2-D parameter outside nn.Embedding (the reference solution before issue 32): a bare position
+    # table and attention's in_proj_weight get decayed.
+    Mistake("groups_every_matrix_but_embeddings", "ex4_answer",
+            "matrices = {id(m.weight) for m in model.modules() if isinstance(m, nn.Linear)} - embedded",
+            "matrices = {id(p) for p in model.parameters() if p.ndim >= 2} - embedded", BOTH[4],
+            "decide by the module, not by the shape"),
+    Mistake("groups_exact_linear_type", "ex4_answer", "if isinstance(m, nn.Linear)}", "if type(m) is nn.Linear}",
+            BOTH[4], "test with isinstance"),
     # ---- exercise 5: schedule
     Mistake("lr_peak_at_step_zero", "ex5_answer", "return max_lr * (step + 1) / warmup_steps", "return max_lr",
             BOTH[5], "at its peak at step 0"),

@@ -1,23 +1,28 @@
 """Checks for chapter 1: byte-pair encoding, embeddings, tying, counting, patches.
 
-Oracles: ``collections.Counter`` and ``str.replace`` for the BPE helpers, a step-by-step
-verifier for training (each merge must be the most frequent pair at its step), UTF-8 round
-trips, ``torch.nn.functional.one_hot`` for the lookup, ``F.unfold`` and ``nn.Conv2d`` for
-patches, and hand-derived counts.
+Oracles: ``collections.Counter`` and ``str.replace`` for the BPE helpers, GPT-2's
+pre-tokenisation pattern and an incremental trainer for training (whose work is measured by
+counting the updates to the pair counts it is handed), UTF-8 round trips,
+``torch.nn.functional.one_hot`` and ``F.embedding`` for the lookup and its gradient,
+``F.unfold`` and ``nn.Conv2d`` for patches, and hand-derived counts.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 import random
+import re
 from collections import Counter
+from collections.abc import MutableMapping
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ._core import CheckFailed, call, earlier_answers, earlier_first, expect_tensor, forbid, meta_table, own_fault
-from ._vocabulary import compare, draw, expect, fail, matches, when
+from ._core import (CheckFailed, call, capped, earlier_answers, earlier_first, expect_tensor, forbid, meta_table,
+                    own_fault)
+from ._vocabulary import compare, diagnose, draw, expect, fail, matches, when
 
 Pair = tuple[int, int]
 
@@ -41,10 +46,6 @@ def _merge_keeping_second(ids: list[int], pair: Pair, new_id: int) -> list[int]:
     for i, token in enumerate(ids):
         out.append(new_id if i + 1 < len(ids) and (token, ids[i + 1]) == pair else token)
     return out
-
-
-def _random_text(rng: random.Random, n: int, alphabet: str) -> str:
-    return "".join(rng.choice(alphabet) for _ in range(n))
 
 
 SAMPLE = ("To be, or not to be, that is the question: whether 'tis nobler in the mind to suffer "
@@ -175,141 +176,371 @@ def _counts_variants(original: list[int], pair: Pair, before: dict, want: dict) 
 
 # ----------------------------------------------------------------------------- exercise 2
 
-def verify_merges(text: str, merges: dict, num_merges: int, label: str) -> list[int]:
-    """Replay training step by step; each merge must be the most frequent pair then.
+# GPT-2's pre-tokenisation (openai/gpt-2, src/encoder.py, `self.pat`) in Python's re: its \p{L}
+# (a letter) is [^\W\d_] here and its \p{N} is \d; the texts drawn below hold no character
+# on which the two differ.
+PRETOKENIZE = re.compile(r"'(?:[sdmt]|ll|ve|re)| ?[^\W\d_]+| ?\d+| ?(?:[^\s\w]|_)+|\s+(?!\S)|\s+")
+# Chapter 1's tokenization page cuts with this simpler pattern (ASCII letters, no contractions).
+BOOK_CHUNK = re.compile(r" ?[A-Za-z]+| ?[0-9]+| ?[^\sA-Za-z0-9]+|\s+")
 
-    Returns the token ids of ``text`` after all merges (what ``encode`` must reproduce).
-    """
-    expect(isinstance(merges, dict), f"{label} should return a dict, got {type(merges).__name__}.",
-           "return a dict mapping (a, b) pairs to new ids, in the order they were learned.")
-    ids = list(text.encode("utf-8"))
-    items = list(merges.items())
-    for step, (pair, new_id) in enumerate(items):
-        counts = _pair_counts_oracle(ids)
+# A pattern that each slip of pre-tokenisation amounts to, with the hint that names it.
+_CUT_VARIANTS = [
+    (re.compile(r" ?[^\W\d_]+| ?\d+| ?(?:[^\s\w]|_)+|\s+(?!\S)|\s+"),
+     "split off the contractions 's 't 're 've 'm 'll 'd as chunks of their own (\"don't\" is \"don\" + \"'t\"), "
+     "before any other rule."),
+    (re.compile(r"'(?:[sdmt]|ll|ve|re)| ?[^\W\d_]+| ?\d+| ?(?:[^\s\w]|_)+|\s+"),
+     "a run of spaces before a word leaves its last space to the word: \"a   b\" is \"a\", \"  \", \" b\" "
+     "(whitespace followed by a non-space gives up one space; only whitespace at the end, or before more "
+     "whitespace, stays whole)."),
+    (re.compile(r"'(?:[sdmt]|ll|ve|re)| ?[A-Za-z]+| ?\d+| ?[^\sA-Za-z\d]+|\s+(?!\S)|\s+"),
+     "letters are the letters of every alphabet ('é', '日' are letters: str.isalpha), not only A-Z."),
+    (re.compile(r"'(?:[sdmt]|ll|ve|re)|[^\W\d_]+|\d+|(?:[^\s\w]|_)+|\s+"),
+     "a run of letters, digits or other symbols takes the one space before it: \" the\" is one chunk."),
+    (re.compile(r"'(?:[sdmt]|ll|ve|re)| ?[^\W_]+| ?(?:[^\s\w]|_)+|\s+(?!\S)|\s+"),
+     "letters and digits are separate runs: \"abc123\" is \"abc\" + \"123\"."),
+    (BOOK_CHUNK, "that is the book page's simpler pattern; this exercise asks for GPT-2's: contractions split "
+                 "off, letters of every alphabet, and a space run before a word leaving its last space."),
+]
+
+_WORDS = ["the", "The", "café", "naïve", "日本", "don", "it", "we", "abc", "x", "42", "2024", "7", "—", "!!", ",",
+          ".", "?", "_", "'s", "'t", "'re", "'ve", "'m", "'ll", "'d", "'", "\"", "é"]
+
+
+def _drawn_text(d) -> str:
+    """Words, numbers, symbols and contractions glued by runs of spaces and newlines."""
+    parts = []
+    for _ in range(d.rng.randrange(4, 25)):
+        parts.append(d.rng.choice(_WORDS))
+        parts.append(d.rng.choice(["", "", " ", " ", " ", "  ", "   ", "\n", " \n", "\n\n  "]))
+    return "".join(parts)
+
+
+def check_pretokenize(pretokenize, hidden: bool = False) -> None:
+    cases = draw("pretokenize", hidden).cases(
+        ["Hello  world, don't   stop", "it's 2024!!  ok\n\n  end  ", "naïve café 日本 abc123 x_y", ""],
+        _drawn_text, 12)
+    for text in cases:
+        got = call(pretokenize, text)
+        expect(isinstance(got, list) and all(isinstance(c, str) for c in got),
+               f"pretokenize({text!r}) should return a list of strings, got {type(got).__name__}.",
+               "return the chunks as a list of str (re.findall returns one).")
+        expect("".join(got) == text, f"pretokenize({text!r}) gave chunks that do not add up to the text: {got}.",
+               "every character belongs to exactly one chunk: the chunks, joined, give the text back.")
+        compare(got, PRETOKENIZE.findall(text), f"pretokenize({text!r})",
+                "cut in this order of preference: a contraction; an optional space and letters; an optional "
+                "space and digits; an optional space and other symbols; whitespace not followed by a "
+                "non-space; any other whitespace.",
+                variants=[(pattern.findall(text), hint) for pattern, hint in _CUT_VARIANTS])
+
+
+def _chunk_ids(text: str, pattern=PRETOKENIZE) -> tuple[list[list[int]], list[int]]:
+    """The distinct chunks of ``text`` as byte lists, in order of first appearance, and their counts."""
+    counts = Counter(pattern.findall(text)) if pattern is not None else Counter([text] if text else [])
+    return [list(c.encode("utf-8")) for c in counts], list(counts.values())
+
+
+def _merge_counts(ids: list[int], pair: Pair, new_id: int) -> tuple[list[int], Counter]:
+    """The chunk after the merge, and the change of its pair counts (new minus old)."""
+    out = _merge_oracle(ids, pair, new_id)
+    change = Counter(zip(out, out[1:]))
+    change.subtract(Counter(zip(ids, ids[1:])))
+    return out, change
+
+
+def _train_oracle(text: str, num_merges: int, pattern=PRETOKENIZE, weighted: bool = True,
+                  largest_on_ties: bool = False, base: int = 256) -> tuple[dict, dict]:
+    """Byte-level BPE on the chunks of ``pattern`` (None: the whole text), counted once and then
+    updated through an index from each pair to the chunks holding it. Returns (merges, the pair
+    counts at the end). The keyword arguments give the results of slips, to name them."""
+    chunks, weights = _chunk_ids(text, pattern)
+    weights = weights if weighted else [1] * len(chunks)
+    counts: Counter = Counter()
+    where: dict[Pair, set[int]] = {}
+    for k, ids in enumerate(chunks):
+        for pair in zip(ids, ids[1:]):
+            counts[pair] += weights[k]
+            where.setdefault(pair, set()).add(k)
+    merges: dict[Pair, int] = {}
+    for step in range(num_merges):
         if not counts:
-            fail(f"{label}: merge {step} {pair} was learned after the text had a single token left.",
-                 "stop early when fewer than two tokens remain.")
-        expect(new_id == 256 + step,
-               f"{label}: merge {step} got id {new_id}, expected {256 + step}.",
-               "byte ids use 0..255, so the first new token is 256, then 257, ... (256 + step)."
-               if new_id == 255 + step or new_id == 257 + step else
-               "give merge number `step` the id 256 + step.")
-        best = max(counts.values())
-        # Ties go to the pair seen first when scanning left to right.
-        first_best = next(p for p in counts if counts[p] == best)
-        if tuple(pair) != first_best:
-            raw = _pair_counts_oracle(list(text.encode("utf-8")))
-            stale_order = sorted(raw, key=lambda p: -raw[p])  # stable: ties stay in first-seen order
-            # Every merge in the order of the raw bytes' counts: the counts were never refreshed (at the
-            # failing step that pair may happen to tie with the best one, so this is asked first).
-            if [tuple(p) for p, _ in items] == stale_order[:len(items)]:
-                hint = ("the merges follow the counts of the raw bytes: count the pairs again after every merge, "
-                        "because merging changes which pairs exist (recounting after every merge).")
-            elif counts.get(tuple(pair), 0) == best:
-                hint = (f"{tuple(pair)} and {first_best} are tied; ties must go to the pair seen first, scanning "
-                        "left to right (max(counts, key=counts.get) on an insertion-ordered dict does this), "
-                        "not to the larger or smaller pair.")
-            else:
-                hint = "each step must merge the pair that is most frequent in the current ids."
-            fail(f"{label}: merge {step} was {tuple(pair)} (seen {counts.get(tuple(pair), 0)} times), but "
-                 f"{first_best} was the most frequent pair ({best} times).", hint)
-        ids = _merge_oracle(ids, tuple(pair), new_id)
-    expect(len(items) <= num_merges, f"{label} learned {len(items)} merges, more than num_merges={num_merges}.",
-           "run at most num_merges steps: for step in range(num_merges).")
-    expect(len(items) == num_merges or len(ids) < 2,
-           f"{label} stopped after {len(items)} merges, but {len(ids)} tokens were left and {num_merges} were asked for.",
-           "run exactly num_merges steps (fewer only when a single token is left).")
-    return ids
+            break
+        order = (lambda p: (counts[p], p)) if largest_on_ties else (lambda p: (counts[p], -p[0], -p[1]))
+        best = max(counts, key=order)
+        merges[best] = base + step
+        for k in sorted(where.pop(best, ())):
+            chunks[k], change = _merge_counts(chunks[k], best, base + step)
+            for pair, delta in change.items():
+                counts[pair] += delta * weights[k]
+                if counts[pair] <= 0:
+                    del counts[pair]
+                elif delta > 0:
+                    where.setdefault(pair, set()).add(k)
+    return merges, dict(counts)
 
 
-def check_train_bpe(train_bpe, get_pair_counts=None, merge_pair=None, hidden: bool = False) -> None:
-    """train_bpe on texts with ties and several alphabets; get_pair_counts and merge_pair, when
-    given, are the exercise 1 answers it calls: a failure caused by them is blamed on them."""
-    earlier = earlier_answers("train_bpe", ("calls your get_pair_counts", 1, get_pair_counts, check_get_pair_counts),
-                              ("calls your merge_pair", 1, merge_pair, check_merge_pair))
+class PairCounts(nn.Module, MutableMapping):
+    """The ``pair_counts`` handed to train_bpe: a mapping that counts its updates (a key set or
+    deleted). An ``nn.Module`` only so that, judged outside the kernel, its state comes back
+    from the kernel's copy (the grader's modules travel as twins: ``course.probe.twin``)."""
+
+    __hash__ = object.__hash__          # Mapping sets it to None; a module is hashed by identity
+
+    def __init__(self) -> None:
+        nn.Module.__init__(self)
+        self.data: dict = {}
+        self.updates = 0
+
+    def __getitem__(self, key):
+        return self.data[key]
+
+    def __setitem__(self, key, value) -> None:
+        self.updates += 1
+        self.data[key] = value
+
+    def __delitem__(self, key) -> None:
+        self.updates += 1
+        del self.data[key]
+
+    def __iter__(self):
+        return iter(self.data)
+
+    def __len__(self) -> int:
+        return len(self.data)
+
+    def __contains__(self, key) -> bool:
+        return key in self.data
+
+    def get(self, key, default=None):
+        return self.data.get(key, default)
+
+    def __repr__(self) -> str:
+        return f"PairCounts({capped(repr(self.data), 200)})"
+
+    def state_dict(self, *args, **kwargs) -> dict:
+        """What travels back: the number of updates, and the (a, b, count) rows of int pairs;
+        ``odd`` counts the entries that are not an int pair with an int count."""
+        rows = [(k[0], k[1], v) for k, v in self.data.items() if isinstance(k, tuple) and len(k) == 2
+                and all(type(x) is int for x in (*k, v)) and all(abs(x) < 2**62 for x in (*k, v))]
+        return {"updates": torch.tensor(self.updates), "odd": torch.tensor(len(self.data) - len(rows)),
+                "rows": torch.tensor(rows, dtype=torch.int64).reshape(-1, 3)}
+
+    def load_state_dict(self, state, strict: bool = False, assign: bool = False):
+        self.updates = int(state["updates"])
+        self.odd = int(state["odd"])
+        self.data = {(int(a), int(b)): int(c) for a, b, c in state["rows"].tolist()}
+
+
+# Updates allowed per pair position of the distinct chunks. Counting once takes one per
+# position; each merged occurrence (at most one per position, as each shortens its chunk)
+# changes at most five pairs, each at most two updates (a set, then a delete).
+UPDATES_PER_POSITION = 10
+
+
+def check_train_bpe(train_bpe, pretokenize=None, merge_pair=None, hidden: bool = False) -> None:
+    """train_bpe on drawn texts and on a whole play. ``pretokenize`` (exercise 2) and
+    ``merge_pair`` (exercise 1), which it may call, are blamed for a failure they cause."""
+    earlier = earlier_answers("train_bpe", ("calls your merge_pair", 1, merge_pair,
+                                            lambda answer: check_merge_pair(answer, counts=False)))
+    if pretokenize is not None:
+        earlier.insert(0, ("train_bpe cuts the text with your pretokenize, which fails its test",
+                           lambda: check_pretokenize(pretokenize)))
     with earlier_first(*earlier):
         _check_train_bpe(train_bpe, hidden)
+    _check_training_work(train_bpe, hidden)
+
+
+def _train_variants(text: str, n: int) -> list:
+    """The merges of slips, each with its hint (computed only when the answer is wrong)."""
+    def merges_of(**slip):
+        return lambda: list(_train_oracle(text, n, **slip)[0].items())
+
+    return [
+        (merges_of(base=255), "byte ids use 0..255, so the first new token is 256, then 257, ... (256 + step)."),
+        (merges_of(base=257), "give merge number `step` the id 256 + step: the first new token is 256."),
+        (merges_of(largest_on_ties=True), "ties go to the smallest pair (compare (a, b) tuples), not to the largest "
+                                          "as on the book page."),
+        (merges_of(pattern=None), "merges never cross a chunk boundary: count the pairs inside the chunks of "
+                                  "pretokenize(text), not over the whole text."),
+        (merges_of(pattern=BOOK_CHUNK), "cut the text with your pretokenize (GPT-2's pattern), not with the book "
+                                        "page's simpler one."),
+        (merges_of(weighted=False), "a chunk that occurs k times contributes each of its pairs k times: weight the "
+                                    "pairs of each distinct chunk by its count."),
+    ]
 
 
 def _check_train_bpe(train_bpe, hidden: bool) -> None:
     def drawn(d):
-        alphabet = "".join(d.rng.sample("ab c\né✓—日xyz", d.rng.randrange(2, 9)))
-        return _random_text(d.rng, d.rng.randrange(50, 400), alphabet), d.rng.randrange(5, 40)
+        return _drawn_text(d) * d.rng.randrange(1, 4), d.rng.randrange(3, 40)
 
-    cases = draw("train_bpe", hidden).cases([("aaabdaaabac", 3), (SAMPLE, 20), ("ab", 5)], drawn, 6)
+    cases = draw("train_bpe", hidden).cases([("aaabdaaabac", 3), (SAMPLE, 30), ("ab", 5), ("don't  stop, don't!", 8)],
+                                           drawn, 6)
     for text, n in cases:
-        merges = call(train_bpe, text, n)
-        verify_merges(text, merges, n, f"train_bpe({text[:20]!r}..., {n})")
+        pair_counts = PairCounts()
+        merges = call(train_bpe, text, n, pair_counts)
+        expect(isinstance(merges, dict), f"train_bpe should return a dict, got {type(merges).__name__}.",
+               "return a dict mapping (a, b) pairs to new ids, in the order they were learned.")
+        want, want_counts = _train_oracle(text, n)
+        got = [(tuple(p), i) for p, i in merges.items()]
+        if got != list(want.items()):
+            step = next((k for k, (g, w) in enumerate(zip(got, want.items())) if g != w), min(len(got), len(want)))
+            shown = got[step] if step < len(got) else "nothing"
+            expected = list(want.items())[step] if step < len(want) else "no more merges"
+            zeros = [(when(lambda _: 0 in pair_counts.data.values()),
+                      "remove a pair from pair_counts when its count falls to 0: a pair of count 0 is no pair, and "
+                      "must not be merged again.")]
+            fail(f"train_bpe({text[:30]!r}..., {n}): merge {step} was {shown}, expected {expected}.",
+                 diagnose(got, zeros + _train_variants(text, n),
+                          "each step merges the pair with the largest count over all chunks (each weighted by how "
+                          "often it occurs); ties go to the smallest pair."))
+        _check_final_counts(pair_counts, want_counts, f"train_bpe({text[:30]!r}..., {n})")
+
+
+def _check_final_counts(pair_counts: PairCounts, want: dict, label: str) -> None:
+    expect(getattr(pair_counts, "odd", 0) == 0, f"after {label}, pair_counts holds keys that are not pairs of ints.",
+           "keep pair_counts as {(a, b): count} with int token ids and int counts.")
+    compare(dict(pair_counts.data), want, f"after {label}, pair_counts",
+            "pair_counts must end as the pair counts of the chunks after the last merge (weighted by each chunk's "
+            "count): update it after each merge, and keep every count there, not in a dict of your own.",
+            variants=[({}, "pair_counts was left empty: keep the counts in the pair_counts you are given (a new "
+                           "dict only when it is None), and update them there."),
+                      (when(lambda got: {k: v for k, v in got.items() if v} == want),
+                       "remove a pair from pair_counts when its count falls to 0.")])
+
+
+@functools.lru_cache(maxsize=4)
+def _play_oracle(slug: str, n: int) -> tuple[dict, dict]:
+    """The oracle's training on a whole play (a second, kept: a grader checks many notebooks)."""
+    from course.data import load_plays
+
+    return _train_oracle(next(p for p in load_plays() if p.slug == slug).text, n)
+
+
+def _check_training_work(train_bpe, hidden: bool) -> None:
+    """A whole play: the right merges, with a number of updates to pair_counts that only an
+    incremental update keeps under the bound (recounting costs about one per position per merge)."""
+    from course.data import load_plays
+
+    d = draw("train_bpe/play", hidden)
+    plays = [p for p in load_plays() if p.split == "train"]
+    play = d.rng.choice(plays) if hidden else next(p for p in plays if p.slug == "the-comedy-of-errors")
+    n = d.rng.randrange(100, 201) if hidden else 100
+    pair_counts = PairCounts()
+    merges = call(train_bpe, play.text, n, pair_counts)
+    want, want_counts = _play_oracle(play.slug, n)
+    label = f"train_bpe on {play.title} ({len(play.text):,} characters, {n} merges)"
+    expect(isinstance(merges, dict) and [(tuple(p), i) for p, i in merges.items()] == list(want.items()),
+           f"{label} learned different merges from the expected ones.",
+           "the short texts above pass, so look at what only a long text has: many chunks holding the same pair, "
+           "counts that fall to 0, and pairs that a merge creates inside chunks merged before.")
+    _check_final_counts(pair_counts, want_counts, label)
+    chunks, _ = _chunk_ids(play.text)
+    positions = sum(len(c) - 1 for c in chunks)
+    bound = UPDATES_PER_POSITION * positions
+    if pair_counts.updates > bound:
+        hint = ("count the pairs of the distinct chunks once, then after each merge change only the counts of "
+                "the chunks that hold the merged pair (an index from each pair to those chunks finds them).")
+        if pair_counts.updates > n * positions // 2:
+            hint = ("pair_counts was rebuilt after every merge (about one update per position per merge): " + hint)
+        fail(f"{label} made {pair_counts.updates:,} updates to pair_counts; at most {bound:,} are allowed "
+             f"({UPDATES_PER_POSITION} per pair position of its {len(chunks):,} distinct chunks, {positions:,} "
+             "positions).", hint)
 
 # ----------------------------------------------------------------------------- exercise 3
 
-def check_encode_decode(encode, decode, train_bpe, merge_pair=None, get_pair_counts=None,
-                        hidden: bool = False) -> None:
+def check_encode_decode(encode, decode, train_bpe, pretokenize=None, merge_pair=None, hidden: bool = False) -> None:
     """encode/decode, with merges learned by the student's train_bpe. A failure of encode caused
-    by a wrong merge_pair, or by a wrong train_bpe (itself perhaps through get_pair_counts), is
-    blamed on those; decode only ever receives ids already checked, so its failures are its own."""
-    earlier = earlier_answers("encode", ("calls your merge_pair", 1, merge_pair,
-                                         lambda answer: check_merge_pair(answer, counts=False)))
+    by a wrong pretokenize, merge_pair or train_bpe is blamed on those; decode only ever
+    receives ids already checked, so its failures are its own."""
+    earlier = [] if pretokenize is None else [
+        ("encode cuts the text with your pretokenize, which fails its test", lambda: check_pretokenize(pretokenize))]
+    earlier += earlier_answers("encode", ("calls your merge_pair", 1, merge_pair,
+                                          lambda answer: check_merge_pair(answer, counts=False)))
     earlier.append(("the merges come from your train_bpe, which fails exercise 2's tests",
-                    lambda: check_train_bpe(train_bpe, get_pair_counts, merge_pair)))
+                    lambda: _check_train_bpe(train_bpe, False)))
     with earlier_first(*earlier):
         _check_encode_decode(encode, decode, train_bpe, hidden)
 
 
+def _trained(train_bpe, text: str, n: int) -> dict:
+    """The student's merges for ``text``; they must be the expected ones (else exercise 2 is at fault)."""
+    merges = call(train_bpe, text, n)
+    want, _ = _train_oracle(text, n)
+    expect(isinstance(merges, dict) and [(tuple(p), i) for p, i in merges.items()] == list(want.items()),
+           f"train_bpe({text[:30]!r}..., {n}) learned other merges than the expected ones.",
+           "fix exercise 2 first: encode is tested with the merges your train_bpe learns.")
+    return merges
+
+
 def _check_encode_decode(encode, decode, train_bpe, hidden: bool) -> None:
     def drawn(d):
-        alphabet = "".join(d.rng.sample("ab c\néü✓—日本xyz", d.rng.randrange(1, 10)))
-        return _random_text(d.rng, d.rng.randrange(1, 200), alphabet)
+        return _drawn_text(d) * d.rng.randrange(1, 3)
 
-    texts = draw("encode_decode", hidden).cases([SAMPLE, "héllo wörld ✓ — naïve café", "aaaa"], drawn, 10)
+    # The third text's merges begin with (32, 32), learned inside whitespace chunks: across the
+    # chunks " " + " or" of its last line it must not apply.
+    texts = draw("encode_decode", hidden).cases([SAMPLE, "héllo wörld ✓ — naïve café, don't",
+                                                 "to be    \nor not    \nto be  or not"], drawn, 8)
     for text in texts:
-        merges = call(train_bpe, text, 10)
+        merges = _trained(train_bpe, text, 10)
         ids = call(encode, text, merges)
-        expect(all(isinstance(i, int) for i in ids), "encode should return a list of Python ints.",
+        expect(isinstance(ids, list) and all(isinstance(i, int) for i in ids),
+               "encode should return a list of Python ints.",
                "convert with list(...) and int(...), not a tensor or bytes object.")
-        expected_ids = verify_merges(text, merges, 10, "train_bpe")
-        if list(ids) != expected_ids:
-            hint = "apply the merges in the order they were learned (lowest new id first), each over the whole sequence."
-            if len(ids) == len(text.encode("utf-8")):
-                hint = "encode returned raw bytes: it must apply the learned merges."
-            fail(f"encode of the training text did not reproduce the tokens training ended with "
-                 f"({len(ids)} tokens, expected {len(expected_ids)}).", hint)
+        _expect_encoded(ids, text, merges, "the training text")
         with own_fault():
             _check_decoded(call(decode, ids, merges), text, "decode(encode(text))")
-    # Special tokens: matched whole, mapped to their id, never split by merges, and the text
-    # between them encoded exactly as encode(piece) would encode it alone.
     # Text unseen in training: the learned merges, applied in order, to any text.
-    merges = call(train_bpe, SAMPLE, 40)
-    words = SAMPLE.split() + ["naïve", "日本", "xyz"]
+    merges = _trained(train_bpe, SAMPLE, 40)
+    words = SAMPLE.split() + ["naïve", "日本", "xyz", "don't", "it's"]
     unseen = draw("encode_decode/unseen", hidden).cases(
-        ["the nobler question — héllo, arrows!", "zzz qqq", ""],
-        lambda d: " ".join(d.rng.sample(words, d.rng.randrange(2, 12))), 4)
+        ["the nobler question — héllo, arrows!", "zzz   qqq's", ""],
+        lambda d: "".join(d.rng.choice(["", " ", "  ", "\n"]) + w for w in d.rng.sample(words, d.rng.randrange(2, 12))),
+        4)
     for text in unseen:
         ids = call(encode, text, merges)
-        want = _encode_oracle(text, merges)
-        if list(ids) != want:
-            hint = ("encode must apply the given merges, in the order they were learned, to any text: it worked on "
-                    "the training text but not on this one.")
-            if len(ids) == len(text.encode("utf-8")):
-                hint = "encode returned raw bytes for text unseen in training: apply the learned merges to it too."
-            fail(f"encode({text!r}, merges) gave {list(ids)}, expected {want} (merges learned on another text).", hint)
+        _expect_encoded(ids, text, merges, "a text unseen in training",
+                        "encode must apply the given merges, in the order they were learned, to any text: it worked "
+                        "on the training text but not on this one.")
         with own_fault():
-            _check_decoded(call(decode, ids, merges), text,
-                           "decode(encode(text, merges learned on another text))")
+            _check_decoded(call(decode, ids, merges), text, "decode(encode(text, merges learned on another text))")
     _check_special_tokens(encode, decode, train_bpe, hidden)
 
 
-def _encode_oracle(text: str, merges: dict) -> list[int]:
-    ids = list(text.encode("utf-8"))
-    for pair, new_id in merges.items():
-        ids = _merge_oracle(ids, tuple(pair), new_id)
-    return ids
+def _encode_oracle(text: str, merges: dict, pattern=PRETOKENIZE) -> list[int]:
+    """Each chunk of ``pattern`` (None: the whole text) with the merges applied in training order."""
+    out = []
+    for chunk in (pattern.findall(text) if pattern is not None else [text]):
+        ids = list(chunk.encode("utf-8"))
+        for pair, new_id in merges.items():
+            if len(ids) < 2:
+                break
+            ids = _merge_oracle(ids, tuple(pair), new_id)
+        out += ids
+    return out
 
 
-def _encode_special_oracle(text: str, merges: dict, special: dict[str, int]) -> list[int]:
-    """Longest special string first at each position; the pieces between encoded alone."""
+def _expect_encoded(ids: list, text: str, merges: dict, what: str,
+                    otherwise: str = "apply the merges in the order they were learned (lowest new id first), each "
+                                     "over the whole chunk.") -> None:
+    want = _encode_oracle(text, merges)
+    if list(ids) == want:
+        return
+    hint = diagnose(list(ids), [
+        (list(text.encode("utf-8")), "encode returned raw bytes: apply the learned merges to each chunk."),
+        (lambda: _encode_oracle(text, merges, pattern=None),
+         "cut the text with pretokenize first, as training did, and apply the merges inside each chunk: a "
+         "merge must never join the end of one chunk to the start of the next."),
+        (lambda: _encode_oracle(text, dict(reversed(list(merges.items())))),
+         "apply the merges in the order they were learned (lowest new id first), not the last one first."),
+    ], otherwise)
+    fail(f"encode({text[:40]!r}, merges) on {what} gave {capped(repr(list(ids)), 200)}, expected "
+         f"{capped(repr(want), 200)}.", hint)
+
+
+def _encode_special_oracle(text: str, merges: dict, special: dict[str, int], longest: bool = True) -> list[int]:
+    """Longest special string first at each position (shortest first: a slip); the pieces
+    between encoded alone."""
     out, piece, i = [], "", 0
-    names = sorted(special, key=len, reverse=True)
+    names = sorted(special, key=len, reverse=longest)
     while i < len(text):
         name = next((s for s in names if text.startswith(s, i)), None)
         if name is None:
@@ -328,7 +559,8 @@ def _check_special_tokens(encode, decode, train_bpe, hidden: bool) -> None:
 
     def drawn(d):
         rng = d.rng
-        names = rng.sample(["<|endoftext|>", "<|pad|>", "<s>", "</s>", "<|im_start|>", "<|im_end|>"], rng.randrange(1, 4))
+        names = rng.sample(["<|endoftext|>", "<|pad|>", "<s>", "</s>", "<s>>", "<|im_start|>", "<|im_end|>"],
+                           rng.randrange(1, 5))
         base = first + rng.randrange(0, 50)
         parts = [rng.choice(names) if rng.random() < 0.35 else " ".join(rng.sample(words, rng.randrange(1, 5)))
                  for _ in range(rng.randrange(3, 9))]
@@ -337,16 +569,21 @@ def _check_special_tokens(encode, decode, train_bpe, hidden: bool) -> None:
     cases = draw("encode_decode/special", hidden).cases(
         [({"<|endoftext|>": 1000}, "to be<|endoftext|>or not"),
          ({"<|endoftext|>": first, "<|pad|>": first + 1},
-          "<|pad|>whether 'tis nobler<|endoftext|><|endoftext|> the slings<|pad|>")], drawn, 4)
+          "<|pad|>whether 'tis nobler<|endoftext|><|endoftext|> the slings<|pad|>"),
+         ({"<s>": first, "<s>>": first + 1}, "<s>>to be<s> or<s>>>not<s>")], drawn, 4)
     for special, text in cases:
         ids = call(encode, text, merges, dict(special))
         want = _encode_special_oracle(text, merges, special)
         expect(isinstance(ids, list) and all(isinstance(i, int) for i in ids),
                "encode should return a list of Python ints.", "convert with list(...) and int(...).")
         if list(ids) != want:
-            counts = {name: text.count(name) for name in special}
+            counts = {name: want.count(i) for name, i in special.items()}
             got_counts = {name: list(ids).count(i) for name, i in special.items()}
-            if got_counts != counts:
+            shortest_first = {name: special[name] for name in sorted(special, key=len)}
+            if list(ids) == _encode_special_oracle(text, merges, shortest_first, longest=False):
+                hint = ("one special string begins another here: at each position the longest one that matches "
+                        "wins (try the longer strings first).")
+            elif got_counts != counts:
                 hint = ("split the text on every special-token string first (all of them, each occurrence), map "
                         "each to its id, and encode only the pieces between.")
             elif len(ids) - sum(counts.values()) == len(text.encode("utf-8")) - sum(
@@ -437,10 +674,56 @@ def check_embedding(Embedding, hidden: bool = False, init: bool = True) -> None:
            "forward should only index the rows named by ids.")
     compare(weight.grad[3], torch.full((d_model,), 2.0), "the gradient of a row used twice",
             "a token that appears twice gets the sum of both gradients: plain indexing does this.")
+    if init:
+        _check_padding_row(Embedding, d)
 
-def _backward_oracle(ids: torch.Tensor, grad_output: torch.Tensor, vocab_size: int) -> torch.Tensor:
+
+def _check_padding_row(Embedding, d) -> None:
+    """Embedding(..., padding_idx=p): row p starts at zero, is looked up as it is, and never
+    receives a gradient; compared with F.embedding(..., padding_idx=p) under autograd."""
+    for k, (vocab_size, d_model) in enumerate(d.cases([(50, 8)], lambda d: (d.rng.randrange(5, 300),
+                                                                           d.rng.randrange(2, 40)), 1)):
+        pad = d.rng.randrange(vocab_size) if d.hidden else 3
+        with d.sub(f"pad{k}").seeded():
+            emb = call(Embedding, vocab_size, d_model, padding_idx=pad, name=f"Embedding(..., padding_idx={pad})")
+        weight = getattr(emb, "weight", None)
+        expect(isinstance(weight, nn.Parameter) and tuple(weight.shape) == (vocab_size, d_model),
+               "Embedding(..., padding_idx=...) should keep its table in `weight` (vocab_size, d_model).",
+               "the padding row is a row of the same table, not a table of its own.")
+        expect(torch.equal(weight.detach()[pad], torch.zeros(d_model)),
+               f"with padding_idx={pad}, row {pad} of the table does not start at zero.",
+               "after initialising the table, set the row padding_idx to zero (in place, without gradient).")
+        std = weight.detach()[torch.arange(vocab_size) != pad].std().item()
+        expect(0.015 < std < 0.025 or vocab_size * d_model < 200,
+               f"with padding_idx given, the other rows have std {std:.4f}, expected about 0.02.",
+               "only the padding row starts at zero; the others are drawn with std 0.02 as before.")
+        ids = d.randint(0, vocab_size, (2, 6))
+        ids[0, :3] = pad                                   # padding, and a real token twice
+        ids[1, 0] = ids[1, 1] = (pad + 1) % vocab_size
+        grad_output = d.randn(2, 6, d_model)
+        emb.zero_grad()
+        out = _embedding_forward(emb, ids.clone(), "Embedding")
+        expect_tensor(out, (2, 6, d_model), "Embedding output with a padding_idx")
+        table = weight.detach().clone().requires_grad_(True)
+        want = F.embedding(ids, table, padding_idx=pad)
+        want.backward(grad_output)
+        compare(out, want, f"Embedding output with padding_idx={pad}",
+                "the lookup is unchanged by padding_idx: row ids[...] of the table, the padding row included.")
+        expect(out.requires_grad, "the output of Embedding carries no gradient.",
+               "detach only the padding positions, not the whole lookup.")
+        out.backward(grad_output)
+        compare(weight.grad, table.grad, f"the table's gradient with padding_idx={pad}",
+                "row padding_idx receives no gradient; every other row collects its gradients as before.",
+                variants=[
+                    (when(lambda got: got[pad].abs().sum() > 0 and matches(got[torch.arange(vocab_size) != pad],
+                                                                          table.grad[torch.arange(vocab_size) != pad])),
+                     f"row {pad}, the padding row, received a gradient: use its values in forward without their "
+                     "gradient at the padding positions (detach them there).")])
+
+def _backward_oracle(ids: torch.Tensor, grad_output: torch.Tensor, vocab_size: int,
+                     padding_idx: int | None = None) -> torch.Tensor:
     table = torch.zeros(vocab_size, grad_output.shape[-1], dtype=grad_output.dtype, requires_grad=True)
-    F.embedding(ids, table).backward(grad_output)
+    F.embedding(ids, table, padding_idx=padding_idx).backward(grad_output)
     return table.grad
 
 
@@ -451,18 +734,21 @@ def check_embedding_backward(embedding_backward, hidden: bool = False) -> None:
         shape = tuple(d.rng.randrange(1, 6) for _ in range(d.rng.randrange(1, 4)))
         ids = d.randint(0, max(1, V // d.rng.choice([1, 4])), shape)   # often repeated ids
         ids.view(-1)[0] = V - 1
-        return ids, V, d.rng.randrange(1, 33)
+        pad = int(ids.view(-1)[d.rng.randrange(ids.numel())]) if d.rng.random() < 0.5 else None
+        return ids, V, d.rng.randrange(1, 33), pad
 
     d = draw("embedding_backward", hidden)
-    cases = d.cases([(torch.tensor([[3, 5, 3], [0, 9, 3]]), 10, 4), (torch.tensor([2, 2, 2, 2]), 3, 2)], drawn, 4)
-    for k, (ids_before, V, width) in enumerate(cases):
+    cases = d.cases([(torch.tensor([[3, 5, 3], [0, 9, 3]]), 10, 4, None), (torch.tensor([2, 2, 2, 2]), 3, 2, None),
+                     (torch.tensor([[0, 4, 0, 0], [4, 7, 0, 1]]), 8, 3, 0)], drawn, 4)
+    for k, (ids_before, V, width, pad) in enumerate(cases):
         dtype = torch.float64 if k == 1 else torch.float32
         grad_before = d.randn(*ids_before.shape, width, dtype=dtype)
         ids, grad_output = ids_before.clone(), grad_before.clone()     # the oracle sees the inputs as drawn
         with forbid((torch.Tensor, "backward"), (torch.autograd, "grad"), (torch.autograd, "backward"),
                     (F, "one_hot"), (F, "embedding"), exercise="the backward pass of the lookup"):
             try:
-                got = call(embedding_backward, ids, grad_output, V, name="embedding_backward")
+                padding = {} if pad is None else {"padding_idx": pad}
+                got = call(embedding_backward, ids, grad_output, V, **padding, name="embedding_backward")
             except CheckFailed as err:
                 if "same scalar type" in str(err) or "same dtype" in str(err):
                     fail(f"embedding_backward raised on a {dtype} grad_output: {str(err).splitlines()[0]}",
@@ -476,18 +762,24 @@ def check_embedding_backward(embedding_backward, hidden: bool = False) -> None:
                f"the gradient is {getattr(got, 'dtype', type(got).__name__)}, expected a {dtype} tensor "
                f"(that of grad_output).",
                "create the zero table with grad_output's dtype: grad_output.new_zeros(vocab_size, d_model).")
-        want = _backward_oracle(ids_before, grad_before, V)
+        want = _backward_oracle(ids_before, grad_before, V, pad)
         last = torch.zeros(V, width, dtype=dtype)
         last[ids_before.reshape(-1)] = grad_before.reshape(-1, width)
+        if pad is not None:
+            last[pad] = 0
         rows = f"ids {ids_before.tolist() if ids_before.numel() <= 12 else tuple(ids_before.shape)}"
-        compare(got, want, f"embedding_backward for {rows} (a ({V}, {width}) table)",
-                "flatten ids to (N,) and grad_output to (N, d_model), then "
-                "table.index_add_(0, flat_ids, flat_grad): row ids[n] receives grad_output[n].", variants=[
+        padded = "" if pad is None else f", padding_idx={pad}"
+        compare(got, want, f"embedding_backward for {rows} (a ({V}, {width}) table{padded})",
+                "row i of the gradient is the sum of grad_output over the positions where ids == i (0 for rows "
+                "never looked up, and for the padding row).", variants=[
                     (last, "a token that occurs several times must receive the sum of its gradients; assignment "
-                           "(table[ids] = grad) keeps only one of them. Add with index_add_(0, ids, grad)."),
+                           "(table[ids] = grad) keeps only one of them: use an in-place method that adds rows "
+                           "into chosen rows."),
+                    (lambda: _backward_oracle(ids_before, grad_before, V) if pad is not None else None,
+                     f"row {pad} is the padding row (padding_idx={pad}): its gradient is zero, wherever it occurs."),
                     (when(lambda got: not torch.equal(got.abs().sum(1).gt(0), want.abs().sum(1).gt(0))),
                      "the wrong rows received gradient: row i collects the gradients of the positions where "
-                     "ids == i, and rows that were not looked up stay 0 (index_add_ along dim 0).")])
+                     "ids == i, and rows that were not looked up stay 0 (add along dim 0, the rows).")])
 
 
 # ----------------------------------------------------------------------------- exercise 5
@@ -502,9 +794,12 @@ def check_scaled_embedding(ScaledEmbedding, Embedding=None, hidden: bool = False
 
 
 def _check_scaled_embedding(ScaledEmbedding, hidden: bool) -> None:
+    """The output is the rows times sqrt(d_model), and the table's std 1/sqrt(d_model), so
+    that the scaled entries have std 1 (sizes keep vocab_size * d_model >= 2,000 entries:
+    the sample std is then within 6% of the true one with overwhelming probability)."""
     d = draw("scaled_embedding", hidden)
-    sizes = d.cases([(50, 64), (50, 16)] + ([(77, 300), (9, 1)] if hidden else []),
-                    lambda d: (d.rng.randrange(2, 500), d.rng.randrange(2, 400)), 2)
+    sizes = d.cases([(50, 64), (200, 16)] + ([(77, 300), (2500, 1)] if hidden else []),
+                    lambda d: (d.rng.randrange(40, 500), d.rng.randrange(50, 400)), 2)
     for i, (vocab_size, d_model) in enumerate(sizes):
         with d.sub(f"init{i}").seeded():
             emb = call(ScaledEmbedding, vocab_size, d_model, name="ScaledEmbedding(...)")
@@ -523,11 +818,23 @@ def _check_scaled_embedding(ScaledEmbedding, hidden: bool) -> None:
                 "multiply the looked-up rows by sqrt(d_model), once.", tol=(0.0, 1e-4), variants=[  # float32 norms
                     (float(d_model) if d_model != 1 else None,
                      "the scale is sqrt(d_model), not d_model: use math.sqrt(d_model)."),
-                    (1 / scale, "multiply by sqrt(d_model); dividing shrinks the embeddings instead."),
+                    (1 / scale if d_model != 1 else None,
+                     "multiply by sqrt(d_model); dividing shrinks the embeddings instead."),
                     (math.sqrt(vocab_size), "the scale is sqrt(d_model), the width of a row, not sqrt(vocab_size), "
                                             "the number of rows: weight.shape[1], not weight.shape[0]."),
-                    (1.0, "the output is not scaled at all: multiply the looked-up rows by sqrt(d_model).")])
+                    (1.0 if d_model != 1 else None,
+                     "the output is not scaled at all: multiply the looked-up rows by sqrt(d_model).")])
         compare(out, raw * scale, "ScaledEmbedding output", "scale every entry by the same factor.")
+        std = weight.detach().std().item()
+        if abs(std * scale - 1) > 0.06:
+            hint = diagnose(std, [(0.02, "the table kept Embedding's std 0.02: with the sqrt(d_model) factor, "
+                                        "that makes the scaled entries' std 0.02 * sqrt(d_model), not 1."),
+                                  (1.0, "a table of std 1 scaled by sqrt(d_model) has entries of std sqrt(d_model): "
+                                        "the table's std must undo the factor.")],
+                            "choose the table's std so that std * sqrt(d_model) = 1.", tol=(0.0, 0.06))
+            fail(f"with d_model={d_model}, the table has std {std:.4f}, so the scaled entries have std "
+                 f"{std * scale:.3f}; expected 1 (a table std of {1 / scale:.4f}).", hint)
+
 
 # ----------------------------------------------------------------------------- exercise 6
 

@@ -26,7 +26,7 @@ import torch.nn.functional as F
 
 from ._core import CheckFailed, call, earlier_answers, earlier_first, expect_tensor, forbid, judge_prediction
 from ._core import meta_table, one_thread as _one_thread
-from ._vocabulary import compare, draw, expect, fail, when
+from ._vocabulary import compare, draw, expect, fail, matches, when
 from .ch02 import judge_configured
 from .ch03 import _rope_complex
 
@@ -581,6 +581,28 @@ def _run_block(block: Any, x: torch.Tensor, shown: str) -> torch.Tensor:
     return got
 
 
+def _check_block_rope(block: Any, shown: str, H: int, dh: int, base: float, d) -> None:
+    """block.rope on float64 queries at positions far enough (up to several hundred) that angles computed in
+    float32 are off by more than float64's tolerance: the spec asks for float64 angles for float64 inputs."""
+    T = d.rng.randrange(200, 600)
+    x = d.randn(2, H, T, dh, dtype=torch.float64)
+    rope = getattr(block, "rope", None)
+    expect(rope is not None, f"{shown} has no method `rope`.", "write the rotation as the method rope(x): (B, heads, "
+           "T, d_head) -> the same, rotated at positions 0 .. T-1; forward calls it for queries and keys.")
+    got = expect_tensor(call(rope, x.clone(), name=f"{shown}.rope"), tuple(x.shape), f"{shown}.rope output")
+    expect(got.dtype == torch.float64, f"{shown}.rope returned {got.dtype} for a float64 input.",
+           "cast cos and sin to x's dtype, and compute them in float64 for a float64 x.")
+    want = _rope_complex(x, torch.arange(T), base)
+    compare(got, want, f"{shown}.rope on float64 queries at positions 0 .. {T - 1}",
+            "rotate entry j with entry j + d_head/2 by the angle t * theta_j, theta_j = base^(-2j/d_head).", variants=[
+                (when(lambda got: matches(got, want, (1e-4, 1e-4))),
+                 "right to float32 accuracy only: for a float64 input the spec computes the angles (theta_j and t * "
+                 "theta_j) in float64; angles of several hundred radians in float32 are off by about 1e-5."),
+                (lambda: _rope_complex(x, torch.arange(T), base, "interleaved"),
+                 "RoPE paired neighbouring entries (2j, 2j + 1): this block uses the half-split pairing, entry j with "
+                 "entry j + d_head/2 (rotate_half).")])
+
+
 @_one_thread
 def check_decoder_block(DecoderBlock, RMSNorm=None, SwiGLU=None, silu=None, hidden: bool = False) -> None:
     """RMSNorm, SwiGLU and silu, when given, are the earlier answers the block uses."""
@@ -617,6 +639,8 @@ def check_decoder_block(DecoderBlock, RMSNorm=None, SwiGLU=None, silu=None, hidd
                         got[:, :-1].to(_precision(x)), f"{shown}: the outputs at earlier positions after a change "
                         "to the last token", "position t may see positions 0 .. t only: mask the scores above the "
                         "diagonal with -inf before the softmax.")
+            if dtype == torch.float64 or i == 0:
+                _check_block_rope(block.double(), shown, H, width // H, base, d)
             block.float()
 
 # ----------------------------------------------------------------------------- exercise 7
@@ -902,6 +926,7 @@ def check_moe(MoE, FeedForward=None, gelu=None, hidden: bool = False) -> None:
             if i == 0:
                 _moe_router_gradient(module, aux, x, router_w, k)
         _moe_one_expert(MoE, d)
+        _moe_router_in_float32(MoE, d)
 
 
 def _moe_one_expert(MoE, d) -> None:
@@ -917,6 +942,35 @@ def _moe_one_expert(MoE, d) -> None:
     expect(bool(kept.all()), "with one expert and k = 1 the MoE should keep every token.", hint)
     compare(aux.detach(), torch.tensor(1.0), "with one expert aux_loss",
             "aux_loss = n_experts * sum_e f_e * P_e, which is 1 when the load is uniform.")
+
+def _moe_router_in_float32(MoE, d) -> None:
+    """A bfloat16 MoE: the spec takes the router's softmax in float32, so aux_loss (from those probabilities) is
+    float32 and exact to float32's rounding of the bfloat16 logits. The input is redrawn until a softmax in
+    bfloat16 moves aux_loss by at least 5e-4 (50 times the tolerance): rounding errors can cancel in the mean."""
+    width, E, k, N = 8, 4, 2, 10
+    module, router_w, _ = _moe_module(MoE, width, 16, E, k, 2.0, d)
+
+    def balance(p: torch.Tensor, mean_dtype: torch.dtype = torch.float32) -> torch.Tensor:   # p: (N, E)
+        f = torch.bincount(p.topk(k, dim=-1).indices.reshape(-1), minlength=E).float() / (N * k)
+        return E * (f * p.to(mean_dtype).mean(0)).sum()
+
+    for _ in range(50):
+        x = d.randn(2, N // 2, width).to(torch.bfloat16)
+        logits = F.linear(x.reshape(-1, width), router_w.to(torch.bfloat16))          # (N, E), as nn.Linear
+        want = balance(torch.softmax(logits.float(), dim=-1))
+        in_bf16 = [balance(torch.softmax(logits, dim=-1), m) for m in (torch.float32, torch.bfloat16)]
+        if all(abs(float(want - wrong)) > 5e-4 for wrong in in_bf16):
+            break
+    module = module.to(torch.bfloat16)
+    _, aux, _ = _moe_outputs(call(module, x.clone(), name="MoE.forward"), 2, N // 2, width, k)
+    hint = ("the router's softmax ran in bfloat16: the spec computes probs = softmax(router(x)) in float32 (convert "
+            "the logits with .float() before the softmax), so that the gates and aux_loss keep float32's precision.")
+    expect(aux.dtype == torch.float32, f"for a bfloat16 MoE, aux_loss is {aux.dtype}, expected float32.", hint)
+    compare(aux.detach(), want, "for a bfloat16 MoE, aux_loss (from the router's float32 probabilities)",
+            "aux_loss = n_experts * sum_e f_e * P_e from probs = softmax(router(x).float()).",
+            variants=[*((wrong, hint) for wrong in in_bf16), (when(lambda got: matches(got, want, (1e-2, 1e-2))), hint)])
+    module.float()
+
 
 # ----------------------------------------------------------------------------- exercise 9
 

@@ -297,6 +297,17 @@ MISTAKES = [
     Mistake("param_share_exact_type", "ex9_answer",
             "for m in model.modules() if isinstance(m, part)", "for m in model.modules() if type(m) is part",
             ("ex9_visible",), "subclasses of part count too"),
+    # ---------------------------------------------------------------- dtypes the specs name (issue 32)
+    Mistake("block_rope_angles_float32", "ex6_answer",
+            "angle_dtype = torch.float64 if x.dtype == torch.float64 else torch.float32",
+            "angle_dtype = torch.float32", BOTH["ex6"], "right to float32 accuracy only"),
+    Mistake("moe_router_softmax_in_input_dtype", "ex8_answer",
+            "probs = torch.softmax(self.router(flat).float(), dim=-1)",
+            "probs = torch.softmax(self.router(flat), dim=-1)", BOTH["ex8"], "the router's softmax ran in bfloat16"),
+    Mistake("moe_router_softmax_in_input_dtype_then_float", "ex8_answer",
+            "probs = torch.softmax(self.router(flat).float(), dim=-1)",
+            "probs = torch.softmax(self.router(flat), dim=-1).float()", BOTH["ex8"],
+            "the router's softmax ran in bfloat16", e2e=False),
     # ---------------------------------------------------------------- found by honest attempts
     Mistake("silu_computed_in_float32", "ex1_answer", "return x * torch.sigmoid(x)",
             "x32 = x.float()\n    return x32 * torch.sigmoid(x32)", BOTH["ex1"], "without converting the result back"),

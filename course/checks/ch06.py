@@ -209,42 +209,61 @@ def check_process_logits(process_logits, hidden: bool = False) -> None:
 
 
 @_one_thread
-def check_sample_next_token(sample_next_token, process_logits, hidden: bool = False) -> None:
-    """The draws must be those of torch.multinomial with the given generator on the softmax of
-    the answer's own process_logits (checked on its own in exercise 1), so this exercise is
-    judged on the sampling step alone; a failure that a wrong process_logits explains (logits
-    changed in place, every token removed) is blamed on it."""
+def check_sample_next_token(sample_next_token, process_logits, hidden: bool = False, per_request: bool = False) -> None:
+    """Row b's draw must be that of torch.multinomial on the softmax of row b of the answer's own process_logits
+    (checked on its own in exercise 1), with one generator for the batch (its rows in order) and, ``per_request``
+    (chapter 6's notebook; the capstone passes one generator), with a list of generators, one per row. So this
+    exercise is judged on the sampling step alone; a failure that a wrong process_logits explains (logits changed in
+    place, every token removed) is blamed on it."""
     with earlier_first(("sample_next_token calls your process_logits, which fails exercise 1's tests",
                         lambda: check_process_logits(process_logits))):
         d = draw("sample_next_token", hidden)
         for i, case in enumerate(_sampler_cases(draw("sampler", hidden))):
-            _check_draws(sample_next_token, process_logits, case, d.sub(f"draws{i}"))
+            _check_draws(sample_next_token, process_logits, case, d.sub(f"draws{i}"), per_request)
         _check_greedy(sample_next_token, d.sub("greedy"))
 
 
-def _check_draws(sample_next_token, process_logits, case: dict, d) -> None:
-    """Two calls with generators of one seed (d.sub("g").gen), under two global seeds; then the oracle."""
+_OWN_GENERATOR = ("given a list of generators, each row draws with its own, generators[b], and no other: with one "
+                  "generator for the batch, a row's draw comes after those of the rows before it, so a request's "
+                  "token would depend on the requests batched with it.")
+
+
+def _check_draws(sample_next_token, process_logits, case: dict, d, per_request: bool) -> None:
+    """One generator for the batch (seeded by d.sub("g0")) and, ``per_request``, one per row (row b's seeded by
+    d.sub(f"g{b}")); each form called twice under two global seeds, then held against the oracle row by row."""
     logits, kwargs = case["logits"], {k: v for k, v in case.items() if k != "logits"}
-    drawn = logits.clone()
-    first, again = _under_two_global_seeds(d, lambda: call(sample_next_token, logits, d.sub("g").gen, **kwargs,
-                                                           name="sample_next_token"))
-    expect(torch.equal(logits, drawn), "sample_next_token changed the logits it was given.",
-           "work on a copy of the logits; the caller may reuse them.")
-    expect_tensor(first, (logits.shape[0],), "sample_next_token's result")
-    expect(first.dtype == torch.long, f"sample_next_token returned {first.dtype}, expected torch.long.",
-           "return token ids: torch.multinomial(...) gives int64; squeeze the last dimension.")
-    expect(matches(again, first),
-           "sample_next_token gave different tokens for the same generator seed when the global seed changed.",
-           "draw with the generator you are given: torch.multinomial(probs, 1, generator=generator); the global "
-           "RNG (torch.manual_seed) must not matter.")
-    x = call(process_logits, drawn.clone(), **kwargs, name="process_logits").detach().float()
-    compare(first, torch.multinomial(torch.softmax(x, -1), 1, generator=d.sub("g").gen).squeeze(-1),
-            f"sample_next_token with {', '.join(f'{k}={v}' for k, v in kwargs.items() if k != 'prev_tokens')}: the "
-            "tokens drawn with a generator of the same seed", "one draw per row: probs = softmax(process_logits(...)), "
-            "then torch.multinomial(probs, 1, generator=generator).squeeze(-1).",
-            variants=[(when(lambda got: not x.isfinite().gather(-1, got.clamp(0, x.shape[-1] - 1)[:, None]).all()),
-                       "a token that process_logits removed was sampled: sample from softmax of the processed "
-                       "logits.")])
+    drawn, B = logits.clone(), logits.shape[0]
+    args = ", ".join(f"{k}={v}" for k, v in kwargs.items() if k != "prev_tokens")
+    probs = None
+    for form in ("one generator", "a generator per row")[:1 + per_request]:
+        def generators():          # fresh generators of the same seeds at every call
+            gens = [d.sub(f"g{b}").gen for b in range(B)]
+            return gens if form == "a generator per row" else gens[0]
+        first, again = _under_two_global_seeds(d, lambda: call(sample_next_token, logits, generators(), **kwargs,
+                                                               name="sample_next_token"))
+        expect(torch.equal(logits, drawn), "sample_next_token changed the logits it was given.",
+               "work on a copy of the logits; the caller may reuse them.")
+        expect_tensor(first, (B,), "sample_next_token's result")
+        expect(first.dtype == torch.long, f"sample_next_token returned {first.dtype}, expected torch.long.",
+               "return token ids as int64 (what torch.multinomial gives), one per row.")
+        expect(matches(again, first), f"sample_next_token with {form} gave different tokens for the same generator "
+               "seeds when the global seed changed.", "draw with the generator you are given (one per row, given a "
+               "list), never the global RNG: torch.multinomial takes a generator= argument; the global seed "
+               "(torch.manual_seed) must not matter.")
+        if probs is None:
+            x = call(process_logits, drawn.clone(), **kwargs, name="process_logits").detach().float()
+            probs = torch.softmax(x, -1)
+        gens = generators()
+        want = torch.cat([torch.multinomial(probs[b], 1, generator=gens[b] if isinstance(gens, list) else gens)
+                          for b in range(B)])
+        compare(first, want, f"sample_next_token with {args} and {form}: the tokens, against the rows drawn in order",
+                "row b's token is one draw with torch.multinomial from the softmax of row b of process_logits(...), "
+                "made with row b's generator (the batch's one, its rows in order, when a single one is given).",
+                variants=[(when(lambda got: not (probs > 0).gather(-1, got.clamp(0, probs.shape[-1] - 1)[:, None])
+                                .all()),
+                           "a token that process_logits removed was sampled: sample from softmax of the processed "
+                           "logits."),
+                          (lambda: torch.multinomial(probs, 1, generator=d.sub("g0").gen).squeeze(-1), _OWN_GENERATOR)])
 
 
 def _check_greedy(sample_next_token, d) -> None:
@@ -1054,7 +1073,8 @@ def _check_kv_prediction(predicted_kv_cache_bytes, hidden: bool = False) -> None
         with unmeasured("predicted_kv_cache_bytes"):
             got = call(predicted_kv_cache_bytes, dict(c), seq_len, batch, nbytes, name="predicted_kv_cache_bytes")
         label = (f"predicted_kv_cache_bytes({c['n_layers']} layers, {c['n_heads']} heads of which {c['n_kv_heads']} "
-                 f"key/value, d_model={c['d_model']}; seq_len={seq_len}, batch_size={batch}, bytes_per_number={nbytes})")
+                 f"key/value, d_model={c['d_model']}; seq_len={seq_len}, batch_size={batch}, "
+                 f"bytes_per_number={nbytes})")
         expect(isinstance(got, (int, float)) and not isinstance(got, bool), f"{label} returned {type(got).__name__}, "
                "expected a number.", "return the number of bytes as a Python int: arithmetic on the arguments.")
         want = _kv_oracle(c, seq_len, batch, nbytes)

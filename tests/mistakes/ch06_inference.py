@@ -28,8 +28,17 @@ MISTAKES = [
             "                x[b, t] = v / repetition_penalty if v > 0 else v * repetition_penalty",
             ("ex1_visible", "ex1_hidden"), "once, not once per occurrence"),
     # ---------------------------------------------------------------- 2: sampling
-    Mistake("global_rng", "ex2_answer", "torch.multinomial(probs, 1, generator=generator)",
-            "torch.multinomial(probs, 1)", ("ex2_visible", "ex2_hidden"), "draw with the generator you are given"),
+    Mistake("global_rng", "ex2_answer", "torch.multinomial(probs[b], 1, generator=g)",
+            "torch.multinomial(probs[b], 1)", ("ex2_visible", "ex2_hidden"), "draw with the generator you are given"),
+    # One generator for the whole batch: a request's token depends on the rows drawn before it.
+    Mistake("one_generator_for_the_batch", "ex2_answer",
+            "    draws = [torch.multinomial(probs[b], 1, generator=g) for b, g in enumerate(gens)]   # (1,) each\n"
+            "    return torch.cat(draws)",
+            "    return torch.multinomial(probs, 1, generator=gens[0]).squeeze(-1)",
+            ("ex2_visible", "ex2_hidden"), "each row draws with its own"),
+    Mistake("one_generator_row_by_row", "ex2_answer", "generator=g) for b, g in enumerate(gens)]",
+            "generator=gens[0]) for b in range(len(probs))]", ("ex2_visible", "ex2_hidden"),
+            "each row draws with its own"),
     Mistake("greedy_ignores_penalty", "ex2_answer",
             "x = process_logits(logits, 1.0, None, None, repetition_penalty, prev_tokens)\n        return",
             "x = logits\n        return", ("ex2_visible", "ex2_hidden"), "apply the repetition penalty before the argmax"),

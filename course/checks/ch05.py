@@ -419,6 +419,67 @@ def _adamw_case(AdamW, make, opts, steps, what):
                     tol=_ADAMW_TOL)
 
 
+# The calls of the protocol case: what the optimizer is asked, in order (a closure's step computes gradients).
+_PROTOCOL = ("step(closure)", "step() (no closure: the gradients the closure left in .grad)",
+             "zero_grad() then step() (no gradient: nothing may change)", "step(closure) again")
+_ZERO_GRAD_HINTS = {"kept": "zero_grad() must set every parameter's .grad to None: after it, step() found the old "
+                            "gradients and updated the parameters again.",
+                    "zeros": "zero_grad() sets .grad to None, not to zeros: a zero gradient still counts as a step "
+                             "(the decay, the moments and the step count change), a None one is skipped."}
+
+
+def _number(value):
+    """A returned loss as a float when it is one number (a tensor of one element), else as it is."""
+    try:
+        return float(value) if isinstance(value, (int, float, torch.Tensor)) and not isinstance(value, bool) else value
+    except (TypeError, ValueError, RuntimeError):
+        return value
+
+
+def _torch_protocol(make, opts: dict, zero_grad: str = "none") -> tuple[list[torch.Tensor], list]:
+    """PyTorch's AdamW through :data:`_PROTOCOL`: (parameters after each call, what each step returned);
+    ``zero_grad`` "kept" or "zeros" replays a known slip."""
+    problem = make()
+    opt = torch.optim.AdamW(list(problem), **opts)
+    calls = [lambda: opt.step(problem), lambda: opt.step(),
+             lambda: (opt.zero_grad(set_to_none=True) if zero_grad == "none" else
+                      opt.zero_grad(set_to_none=False) if zero_grad == "zeros" else None, opt.step())[1],
+             lambda: opt.step(problem)]
+    out, returned = [], []
+    for run in calls:
+        returned.append(run())
+        out.append(_cat(problem.parameters()))
+    return out, returned
+
+
+def _adamw_protocol(AdamW, make, opts: dict, what: str) -> None:
+    """The rules around the update: step() without a closure uses the gradients in .grad, zero_grad()
+    leaves them None (a step after it changes nothing), step(closure) returns the closure's loss."""
+    problem, got = make(), []
+    with forbid(*_ADAMW_BUILTINS, exercise="AdamW"):
+        opt = call(AdamW, problem, **opts, name="AdamW(...)")
+        calls = [lambda: opt.step(problem), lambda: opt.step(), lambda: (opt.zero_grad(), opt.step())[1],
+                 lambda: opt.step(problem)]
+        for run, said in zip(calls, _PROTOCOL):
+            try:
+                got.append((call(run, name="AdamW.step"), _cat(problem.parameters())))
+            except CheckFailed as err:
+                if len(got) in (1, 2) and "not callable" in err.what:
+                    fail(f"{what}: {said} raised: it called the closure, which was None.",
+                         "step() may be called without a closure (the training loop of exercise 9 does): call "
+                         "the closure only when one is given, and otherwise update from the .grad already there.")
+                raise
+    want, losses = _torch_protocol(make, opts)      # PyTorch's, outside the block that forbids it
+    for k, ((returned, params), said) in enumerate(zip(got, _PROTOCOL)):
+        if k in (0, 3):
+            compare(_number(returned), float(losses[k]), f"{what}: the value {said} returned",
+                    "step(closure) returns what the closure returns (the loss); step() without one returns None.")
+        compare(params, want[k], f"{what}: the parameters after {said}, against PyTorch's",
+                "step() without a closure updates from the gradients already in .grad.", variants=[
+                    (lambda v=v, n=k: _torch_protocol(make, opts, v)[0][n], text)
+                    for v, text in _ZERO_GRAD_HINTS.items()], tol=_ADAMW_TOL)
+
+
 def _adamw_drawn(d: Draw, k: int) -> tuple:
     """A problem with drawn groups, defaults and sizes: (make, opts, steps, what)."""
     rng, names = d.rng, ["w1", "b1", "gain", "w2", "unused", "late"]
@@ -442,10 +503,13 @@ def check_adamw(AdamW, hidden: bool = False) -> None:
     opts = {"lr": 0.01, "betas": (0.9, 0.95), "eps": 1e-8, "weight_decay": 0.05}
     seed = d.sub("problem").seed
     _adamw_case(AdamW, lambda: AdamProblem(4, 6, 2, groups, seed), opts, 100, "AdamW over 100 steps, two param groups")
+    _adamw_protocol(AdamW, lambda: AdamProblem(4, 6, 2, groups, seed), opts, "AdamW with two param groups")
     if not hidden:
         return
     for k in range(3):
         _adamw_case(AdamW, *_adamw_drawn(d, k))
+    make, opts, _, what = _adamw_drawn(d, 3)
+    _adamw_protocol(AdamW, make, opts, "AdamW with groups " + what.split(" with groups ", 1)[-1])
     opts = {"lr": 0.005, "betas": (0.9, 0.999), "eps": 1e-8, "weight_decay": d.rng.choice([0.1, 0.5])}
     seed = d.sub("plain").seed
     _adamw_case(AdamW, lambda: AdamProblem(3, 5, 2, [], seed, plain=True), opts, 30,

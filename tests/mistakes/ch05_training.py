@@ -313,3 +313,18 @@ MISTAKES += [
             "optimizer.state[p] = {k: (v.clone() if torch.is_tensor(v) else v) for k, v in state.items()}",
             "optimizer.state[p] = state", BOTH[9], "clone what you load from the checkpoint"),
 ]
+
+# ---- exercise 3: the rules around the update, which the closure used to hide
+MISTAKES += [
+    Mistake("adamw_zero_grad_does_nothing", "ex3_answer", "                p.grad = None", "                pass",
+            BOTH[3], "must set every parameter's .grad to None"),
+    Mistake("adamw_zero_grad_zeros", "ex3_answer", "                p.grad = None",
+            "                p.grad = None if p.grad is None else torch.zeros_like(p.grad)", BOTH[3],
+            "not to zeros"),
+    Mistake("adamw_always_calls_closure", "ex3_answer",
+            "        if closure is not None:\n            with torch.enable_grad():\n                loss = closure()",
+            "        with torch.enable_grad():\n            loss = closure()", BOTH[3],
+            "call the closure only when one is given"),
+    Mistake("adamw_step_returns_nothing", "ex3_answer", "        return loss\n", "        return None\n", BOTH[3],
+            "step(closure) returns what the closure returns"),
+]

@@ -39,6 +39,18 @@ _NORMS = ((F, "layer_norm"), (F, "rms_norm"), (torch, "layer_norm"), (torch, "rm
 _LOW = (torch.bfloat16, torch.float16)
 
 
+_IN_PLACE = ("build new tensors: x - mean, not x -= mean or x.sub_(mean) (and x.float() of a float32 x is x itself, "
+             "not a copy): the caller reads its input again, as the residual connection of a block does.")
+
+
+def _unchanged_call(fn: Callable, x: torch.Tensor, name: str) -> Any:
+    """call(fn, a copy of x), failing when the answer changed that copy in place (the spec: no input is changed)."""
+    given = x.clone()
+    out = call(fn, given, name=name)
+    expect(torch.equal(given, x), f"{name} changed its input in place.", _IN_PLACE)
+    return out
+
+
 def _precision(x: torch.Tensor) -> torch.dtype:
     """The dtype whose rounding a norm's output carries: the input's for bfloat16 and float16,
     float32 otherwise (the exercises compute the statistics in float32, a float64 input too)."""
@@ -127,7 +139,7 @@ def check_activations(gelu=None, gelu_tanh=None, silu=None, hidden: bool = False
             if fn is None:
                 continue
             with forbid(*_ACTIVATIONS, exercise=f"{name} from elementary operations"):
-                got = expect_tensor(call(fn, x.clone(), name=name), tuple(x.shape), f"{name} output")
+                got = expect_tensor(_unchanged_call(fn, x, name=name), tuple(x.shape), f"{name} output")
             expect(got.dtype == x.dtype, f"{name} returned {got.dtype} for a {x.dtype} input.", _KEEP_DTYPE)
             # In reduced precision each intermediate of the formula is rounded (1 + erf(x) cancels for
             # negative x): the values are those of the float32 formula within a few units of bfloat16.
@@ -189,7 +201,7 @@ def check_feed_forward(FeedForward, gelu=None, hidden: bool = False) -> None:
             shape = (2, 5, d_model) if not hidden else (d.rng.randrange(1, 4), d.rng.randrange(1, 7), d_model)
             x = d.randn(*shape)
             with forbid((F, "gelu"), exercise="the FFN with your own gelu"):
-                got = call(module, x.clone(), name="FeedForward.forward")
+                got = _unchanged_call(module, x, name="FeedForward.forward")
             compare(got, _ffn_ref(x, w1, b1, w2, b2), f"FeedForward output (d_model={d_model}, d_ff={width})",
                     "forward is fc2(gelu(fc1(x))): expand, activate, project.",
                     variants=_ffn_variants(x, w1, b1, w2, b2))
@@ -290,7 +302,7 @@ def check_swiglu(SwiGLU, silu=None, hidden: bool = False, given_width_only: bool
                 shape = (2, 3, d_model) if not hidden else (d.rng.randrange(1, 4), d.rng.randrange(1, 6), d_model)
                 x = d.randn(*shape, dtype=torch.float64).to(dtype)
                 with forbid((F, "silu"), exercise="SwiGLU with your own silu"):
-                    got = expect_tensor(call(module.to(dtype), x.clone(), name="SwiGLU.forward"), shape, "SwiGLU "
+                    got = expect_tensor(_unchanged_call(module.to(dtype), x, name="SwiGLU.forward"), shape, "SwiGLU "
                                         "output")
                 expect(got.dtype == dtype, f"SwiGLU returned {got.dtype} for a {dtype} input.",
                        "build nothing in a fixed dtype: the layers follow the module's dtype.")
@@ -414,7 +426,7 @@ def _norm_outputs(module: Any, cls: str, shown: str, inputs: list, oracle: Calla
     """Each of ``inputs`` ((x, label)) through a student's norm, against ``oracle(x)`` (in float64)."""
     for x, label in inputs:
         with forbid(*_NORMS, exercise=cls):
-            got = expect_tensor(call(module, x.clone(), name=f"{cls}.forward"), tuple(x.shape), f"{cls} output")
+            got = expect_tensor(_unchanged_call(module, x, name=f"{cls}.forward"), tuple(x.shape), f"{cls} output")
         expect(got.dtype == x.dtype, f"{cls} returned {got.dtype} for a {x.dtype} input.",
                "compute the statistics in float32, then cast the result back: .to(x.dtype).")
         fallback = (f"the statistics were computed in {str(x.dtype)[6:]}: compute them in float32 (x.float()), "
@@ -575,7 +587,7 @@ def _decoder_weights(block: Any, width: int, H: int, H_kv: int, h: int, d) -> di
 def _run_block(block: Any, x: torch.Tensor, shown: str) -> torch.Tensor:
     with forbid((F, "scaled_dot_product_attention"), *_NORMS, (F, "silu"),
                 exercise="the decoder block with your own attention, RMSNorm and silu"):
-        got = expect_tensor(call(block, x.clone(), name=f"{shown}.forward"), tuple(x.shape), "DecoderBlock output")
+        got = expect_tensor(_unchanged_call(block, x, name=f"{shown}.forward"), tuple(x.shape), "DecoderBlock output")
     expect(got.dtype == x.dtype, f"DecoderBlock returned {got.dtype} for a {x.dtype} input.",
            "build the angles and the mask on x's device, and cast cos and sin to x's dtype.")
     return got
@@ -589,7 +601,7 @@ def _check_block_rope(block: Any, shown: str, H: int, dh: int, base: float, d) -
     rope = getattr(block, "rope", None)
     expect(rope is not None, f"{shown} has no method `rope`.", "write the rotation as the method rope(x): (B, heads, "
            "T, d_head) -> the same, rotated at positions 0 .. T-1; forward calls it for queries and keys.")
-    got = expect_tensor(call(rope, x.clone(), name=f"{shown}.rope"), tuple(x.shape), f"{shown}.rope output")
+    got = expect_tensor(_unchanged_call(rope, x, name=f"{shown}.rope"), tuple(x.shape), f"{shown}.rope output")
     expect(got.dtype == torch.float64, f"{shown}.rope returned {got.dtype} for a float64 input.",
            "cast cos and sin to x's dtype, and compute them in float64 for a float64 x.")
     want = _rope_complex(x, torch.arange(T), base)
@@ -913,7 +925,7 @@ def check_moe(MoE, FeedForward=None, gelu=None, hidden: bool = False) -> None:
         for i, (width, d_ff, E, k, cf, B, T, x_scale) in enumerate(cases):
             module, router_w, weights = _moe_module(MoE, width, d_ff, E, k, cf, d)
             x = d.randn(B, T, width) * x_scale
-            y, aux, kept = _moe_outputs(call(module, x.clone(), name="MoE.forward"), B, T, width, k)
+            y, aux, kept = _moe_outputs(_unchanged_call(module, x, name="MoE.forward"), B, T, width, k)
             # Property: no expert processes more choices than its capacity.
             cap = math.ceil(cf * B * T * k / E)
             load = torch.bincount(_routing(x, router_w, k)[1].indices.view(kept.shape)[kept], minlength=E)
@@ -936,7 +948,7 @@ def _moe_one_expert(MoE, d) -> None:
     w1, b1 = _fill(module.experts[0].fc1, d, 2.0)
     w2, b2 = _fill(module.experts[0].fc2, d)
     x = d.randn(2, 3, width)
-    y, aux, kept = _moe_outputs(call(module, x.clone(), name="MoE.forward"), 2, 3, width, 1)
+    y, aux, kept = _moe_outputs(_unchanged_call(module, x, name="MoE.forward"), 2, 3, width, 1)
     hint = "with a single expert every token is kept with gate 1: check the capacity and the gate normalisation."
     compare(y, _ffn_ref(x, w1, b1, w2, b2), "with one expert and k = 1, the MoE output (that expert's FFN)", hint)
     expect(bool(kept.all()), "with one expert and k = 1 the MoE should keep every token.", hint)
@@ -962,7 +974,7 @@ def _moe_router_in_float32(MoE, d) -> None:
         if all(abs(float(want - wrong)) > 5e-4 for wrong in in_bf16):
             break
     module = module.to(torch.bfloat16)
-    _, aux, _ = _moe_outputs(call(module, x.clone(), name="MoE.forward"), 2, N // 2, width, k)
+    _, aux, _ = _moe_outputs(_unchanged_call(module, x, name="MoE.forward"), 2, N // 2, width, k)
     hint = ("the router's softmax ran in bfloat16: the spec computes probs = softmax(router(x)) in float32 (convert "
             "the logits with .float() before the softmax), so that the gates and aux_loss keep float32's precision.")
     expect(aux.dtype == torch.float32, f"for a bfloat16 MoE, aux_loss is {aux.dtype}, expected float32.", hint)

@@ -308,6 +308,15 @@ MISTAKES = [
             "probs = torch.softmax(self.router(flat).float(), dim=-1)",
             "probs = torch.softmax(self.router(flat), dim=-1).float()", BOTH["ex8"],
             "the router's softmax ran in bfloat16", e2e=False),
+    # ---------------------------------------------------------------- inputs that must not change (issue 32)
+    # x.float() of a float32 x is x itself: subtracting the mean in place destroys the caller's tensor.
+    Mistake("layer_norm_centres_input_in_place", "ex4_answer",
+            "y = (x32 - mean) / torch.sqrt(var + self.eps)", "y = x32.sub_(mean).div_(torch.sqrt(var + self.eps))",
+            BOTH["ex4"], "the caller reads its input again"),
+    Mistake("rms_norm_scales_input_in_place", "ex5_answer",
+            "y = x32 * torch.rsqrt(x32.pow(2).mean(dim=self.dim, keepdim=True) + self.eps)",
+            "y = x32.mul_(torch.rsqrt(x32.pow(2).mean(dim=self.dim, keepdim=True) + self.eps))",
+            BOTH["ex5"], "the caller reads its input again", e2e=False),
     # ---------------------------------------------------------------- found by honest attempts
     Mistake("silu_computed_in_float32", "ex1_answer", "return x * torch.sigmoid(x)",
             "x32 = x.float()\n    return x32 * torch.sigmoid(x32)", BOTH["ex1"], "without converting the result back"),

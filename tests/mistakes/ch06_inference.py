@@ -254,6 +254,6 @@ MISTAKES = [
             ("ex1_visible",), "tokens tied with the k-th largest logit stay"),
 ]
 
-# Graded end to end through the real autograder (each costs a kernel run in CI).
-E2E = {"global_rng", "positions_restart_at_zero", "right_padding", "zero_group_zero_scale",
-       "acceptance_ratio_inverted"}
+# Graded end to end through the real autograder (each costs a kernel run in CI; the first in MISTAKES order is the
+# one graded): the float copy kept as a plain attribute, whose check runs a hook of the grader's in the kernel.
+E2E = {"int8_linear_keeps_dequantised_copy"}

@@ -1325,14 +1325,16 @@ def _sinusoids(T: int, d: int, dtype: torch.dtype, variant: str = "ok") -> torch
     return torch.stack([angles.sin(), angles.cos()], dim=-1).reshape(T, d).to(dtype)
 
 
-def _tiny_lm_oracle(m: nn.Module, ids: torch.Tensor, variant: str = "ok") -> torch.Tensor:
+def _tiny_lm_oracle(m: nn.Module, ids: torch.Tensor, variant: str = "ok", drop: float = 0.0) -> torch.Tensor:
     """The spec's forward pass from the module's own parameters, with PyTorch's functional parts
-    (``variant``: one known mistake, used to name it)."""
+    (``variant``: one known mistake, used to name it); ``drop``: train mode's dropout, its mask
+    drawn from the global RNG as nn.Dropout draws it."""
     W = m.tok.weight
     d = W.shape[1]
     T = ids.shape[1]
     scale = 1.0 if variant == "no_sqrt_d" else math.sqrt(d)
     x = F.embedding(ids, W) * scale + _sinusoids(T, d, W.dtype, variant)          # (B, T, d)
+    x = F.dropout(x, drop) if drop else x
     ln = lambda mod, h: F.layer_norm(h, (d,), mod.weight, mod.bias, mod.eps)     # noqa: E731
 
     def attend(h):
@@ -1396,9 +1398,9 @@ def _tiny_copy(model: nn.Module, vocab: int, d: int) -> _TinyReference:
     return ref
 
 
-def _build_tiny(TinyCausalLM, vocab: int, d: int, block: int, init: Draw) -> nn.Module:
+def _build_tiny(TinyCausalLM, vocab: int, d: int, block: int, init: Draw, dropout: float = 0.0) -> nn.Module:
     with init.seeded():    # the cases below were chosen on the weights this seed gives
-        model = call(TinyCausalLM, vocab, d, block, name="TinyCausalLM")
+        model = call(TinyCausalLM, vocab, d, block, name="TinyCausalLM", **({"dropout": dropout} if dropout else {}))
     expect(isinstance(model, nn.Module), "TinyCausalLM(...) should build an nn.Module.",
            "subclass nn.Module and call super().__init__() first.")
     for name, kind in _TINY_PARTS:
@@ -1446,6 +1448,33 @@ def _tiny_forward_case(model: nn.Module, ids: torch.Tensor, what: str, dtype: to
                 tol=None if dtype == torch.float32 else (1e-6, 1e-6))
 
 
+_DROP_HINTS = {False: "dropout stayed on in eval mode: use self.drop (nn.Dropout follows model.train() and "
+                      "model.eval()), or F.dropout(x, p, training=self.training).",
+               True: "dropout was never applied in train mode: x = self.drop(tok(ids) * sqrt(d_model) + PE[:T]) "
+                     "(step 1 of the spec)."}
+
+
+def _tiny_dropout_case(model: nn.Module, ids: torch.Tensor, p: float, masks: Draw, what: str) -> None:
+    """With dropout p: eval mode is the spec's forward without it; train mode drops x once, after the
+    positions are added, with the mask the global RNG (seeded from ``masks``) gives nn.Dropout."""
+    vocab, d = model.tok.weight.shape
+    ref = _tiny_copy(model, vocab, d)
+
+    def oracle(drop: float) -> torch.Tensor:
+        with torch.no_grad(), masks.seeded():
+            return _tiny_lm_oracle(ref, ids, drop=drop)
+
+    for training in (False, True):
+        model.train(training)
+        with masks.seeded():
+            got = call(model, ids.clone(), name="TinyCausalLM.forward")
+        compare(got.detach() if isinstance(got, torch.Tensor) else got, oracle(p if training else 0.0),
+                f"the logits of {what} (dropout={p}) in {'train' if training else 'eval'} mode",
+                "dropout acts once, on x right after the positions are added, through self.drop (step 1 of the "
+                "spec), and only in train mode; forward has no other randomness.",
+                variants=[(lambda t=training: oracle(0.0 if t else p), _DROP_HINTS[training])])
+
+
 def _tiny_run(TinyCausalLM, train, d: Draw, config: tuple, earlier: tuple) -> None:
     """Your train on a fresh model of yours, next to the spec's loop with PyTorch's AdamW on a copy of its
     weights; a failure that exercise 9's tests explain is blamed on train."""
@@ -1483,6 +1512,9 @@ def check_tiny_lm(TinyCausalLM, train=None, cross_entropy=None, random_batch=Non
             name = f"TinyCausalLM(vocab_size={vocab}, d_model={width}, block_size={block})"
             for B, T in ((2, block), (3, max(1, block // 2))):
                 _tiny_forward_case(model, d.randint(0, vocab, (B, T)), f"{name} on ids of shape {(B, T)}")
+            p = d.rng.choice([0.1, 0.3, 0.5]) if hidden else 0.25
+            _tiny_dropout_case(_build_tiny(TinyCausalLM, vocab, width, block, init, p), d.randint(0, vocab, (2, block)),
+                               p, init.sub("masks"), name)
             if hidden:
                 ids = d.randint(0, vocab, (2, block))
                 _tiny_forward_case(model.double(), ids, f"{name} in float64", torch.float64)

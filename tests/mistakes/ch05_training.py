@@ -328,3 +328,11 @@ MISTAKES += [
     Mistake("adamw_step_returns_nothing", "ex3_answer", "        return loss\n", "        return None\n", BOTH[3],
             "step(closure) returns what the closure returns"),
 ]
+
+# ---- exercise 10: dropout, which every test used to build at 0.0
+MISTAKES += [
+    Mistake("tiny_dropout_never_applied", "ex10_answer", "        x = self.drop(x)\n", "", BOTH[10],
+            "dropout was never applied in train mode"),
+    Mistake("tiny_dropout_left_on_in_eval", "ex10_answer", "x = self.drop(x)", "x = F.dropout(x, self.drop.p)",
+            BOTH[10], "dropout stayed on in eval mode"),
+]

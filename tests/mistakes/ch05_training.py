@@ -336,3 +336,14 @@ MISTAKES += [
     Mistake("tiny_dropout_left_on_in_eval", "ex10_answer", "x = self.drop(x)", "x = F.dropout(x, self.drop.p)",
             BOTH[10], "dropout stayed on in eval mode"),
 ]
+
+# ---- exercise 1: the loss's dtype; exercise 5: the book's signature, without decay_steps
+MISTAKES += [
+    Mistake("ce_float64_loss", "ex1_answer", "logits, targets = logits.reshape(-1, V), targets.reshape(-1)",
+            "logits, targets = logits.reshape(-1, V).double(), targets.reshape(-1)", BOTH[1],
+            "return the loss in the logits' dtype"),
+    TwoMistakes("lr_without_decay_steps", "ex5_answer", ",\n          decay_steps: int | None = None) -> float:",
+                ") -> float:", BOTH[5], "exercise 5's signature is lr_at(step", cell2="ex5_answer",
+                old2="    if decay_steps is None:\n        decay_steps = max_steps - warmup_steps\n",
+                new2="    decay_steps = max_steps - warmup_steps\n"),
+]

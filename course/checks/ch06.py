@@ -1199,8 +1199,14 @@ def _run_spec(speculative_accept, p, q, B, d):
     draft (B, k), n_accepted (B,), next_token (B,)."""
     k, V = q.shape
     draft = torch.stack([torch.multinomial(q[j], B, replacement=True, generator=d.gen) for j in range(k)], dim=1)
-    result = call(speculative_accept, draft.clone(), q.expand(B, k, V).contiguous(), p.expand(B, k + 1, V).contiguous(),
-                  d.sub("accept").gen, name="speculative_accept")
+    given = (draft.clone(), q.expand(B, k, V).contiguous(), p.expand(B, k + 1, V).contiguous())
+    result = call(speculative_accept, *given, d.sub("accept").gen, name="speculative_accept")
+    changed = [name for name, mine, want in zip(("draft_tokens", "draft_probs", "target_probs"), given,
+                                                (draft, q.expand(B, k, V), p.expand(B, k + 1, V)))
+               if not torch.equal(mine, want)]
+    expect(not changed, f"speculative_accept changed {', '.join(changed)} in place.", "leave the inputs as they "
+           "are (the caller keeps the draft's and the target's distributions for the next step): compute the "
+           "residual out of place, max(0, p - q) as a new tensor.")
     expect(isinstance(result, (tuple, list)) and len(result) == 2,
            "speculative_accept should return (n_accepted, next_token).", "return two (B,) long tensors.")
     n, nxt = result

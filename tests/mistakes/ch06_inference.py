@@ -218,6 +218,13 @@ MISTAKES = [
             ("ex8_visible", "ex8_hidden"), "target_probs[:, k]"),
     Mistake("speculative_global_rng", "ex8_answer", "u = torch.rand(B, generator=generator)", "u = torch.rand(B)",
             ("ex8_visible", "ex8_hidden"), "draw every uniform and every sample from the generator"),
+    # Inputs the function must not change (issue 32, item 6): a residual computed in place.
+    Mistake("speculative_residual_in_place", "ex8_answer",
+            "residual = (target_probs[rows, n_accepted] - q_padded[rows, n_accepted]).clamp(min=0)",
+            "target_probs[rows, n_accepted] = (target_probs[rows, n_accepted]"
+            " - q_padded[rows, n_accepted]).clamp(min=0)\n"
+            "    residual = target_probs[rows, n_accepted]",
+            ("ex8_visible", "ex8_hidden"), "leave the inputs as they are"),
     Mistake("expected_tokens_off_by_one", "ex8_answer", "(1 - alpha ** (k + 1))", "(1 - alpha ** k)",
             ("ex8_visible", "ex8_hidden"), "numerator is 1 - a^(k+1)"),
     # ---------------------------------------------------------------- found by honest attempts

@@ -131,9 +131,180 @@ _CAUSAL = ("self-attention must be causal when causal=True: a lower-triangular b
            "(torch.ones(Tq, Tk, dtype=torch.bool).tril()) as attn_mask, so position t sees only positions <= t.")
 
 
+def _block_layout(d_model: int, cross: bool) -> dict[str, tuple[int, ...]]:
+    """The Block's state_dict as the spec fixes it: key -> shape (d = d_model). The grader loads
+    weights through these names, as CS336's adapters pin a layout."""
+    d = d_model
+    linear = lambda name, n_out, n_in: {f"{name}.weight": (n_out, n_in), f"{name}.bias": (n_out,)}  # noqa: E731
+    norm = lambda name: {f"{name}.weight": (d,), f"{name}.bias": (d,)}  # noqa: E731
+    layout = {**norm("ln_1"), **linear("qkv", 3 * d, d), **linear("proj", d, d)}
+    if cross:
+        layout |= {**norm("ln_x"), **linear("q_x", d, d), **linear("kv_x", 2 * d, d), **linear("proj_x", d, d)}
+    return layout | norm("ln_2") | linear("mlp.0", 4 * d, d) | linear("mlp.2", d, 4 * d)
+
+
+def _layout_hint(missing: set, unexpected: set, reshaped: set) -> str:
+    """The hint for a state_dict that is not the spec's: the part that is missing or misshapen."""
+    if any(k.startswith("mlp.") for k in reshaped) or (any(k.startswith("mlp.") for k in missing) and unexpected):
+        return ("the MLP is Linear(d_model, 4 * d_model), GELU, Linear(4 * d_model, d_model), kept in an "
+                "nn.Sequential named mlp (its Linear layers are then mlp.0 and mlp.2).")
+    if {"proj.weight", "proj_x.weight"} & missing:
+        return ("multi-head attention ends with an output projection: after the heads are joined back into "
+                "d_model features, a Linear(d_model, d_model) (proj; proj_x for cross-attention) mixes them.")
+    if {"ln_2.weight", "ln_x.weight"} & missing:
+        return ("each sub-layer has a LayerNorm of its own (ln_1 before attention, ln_x before cross-attention, "
+                "ln_2 before the MLP): one LayerNorm reused for two sub-layers shares its weight and bias.")
+    return ("name the block's parts as the spec's table does (ln_1, qkv, proj, ln_x, q_x, kv_x, proj_x, ln_2, "
+            "mlp): the grader loads weights into a block through these names.")
+
+
+def _check_layout(block, d_model: int, cross: bool) -> None:
+    want = _block_layout(d_model, cross)
+    got = {k: tuple(v.shape) for k, v in dict(block.state_dict()).items()}
+    missing, unexpected = set(want) - set(got), set(got) - set(want)
+    reshaped = {k for k in set(want) & set(got) if got[k] != want[k]}
+    if not (missing or unexpected or reshaped):
+        return
+    found = [f"missing {_names(sorted(missing))}" if missing else "",
+             f"unexpected {_names(sorted(unexpected))}" if unexpected else "",
+             "; ".join(f"{k} has shape {got[k]}, expected {want[k]}" for k in sorted(reshaped)[:3])]
+    fail(f"Block(d_model={d_model}, cross={cross}).state_dict() is not the spec's: "
+         + "; ".join(f for f in found if f) + ".", _layout_hint(missing, unexpected, reshaped))
+
+
+def _attention(q, k, v, n_heads: int, mask) -> torch.Tensor:
+    """Scaled dot-product attention over heads: q (B, Tq, d), k/v (B, Tk, d), mask broadcast to
+    (B, 1, Tq, Tk) with True = may attend -> (B, Tq, d). Feature j belongs to head j // d_head."""
+    split = lambda t: t.unflatten(-1, (n_heads, -1)).transpose(1, 2)              # noqa: E731 (B, h, T, d_head)
+    scores = split(q) @ split(k).transpose(-1, -2) / math.sqrt(q.shape[-1] // n_heads)
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    return (scores.softmax(-1).nan_to_num(0.0) @ split(v)).transpose(1, 2).flatten(2)
+
+
+def _reference_block(w: dict, x, n_heads: int, causal: bool, pad_mask=None, memory=None, memory_mask=None,
+                     variant: str = "ok") -> torch.Tensor:
+    """The spec's Pre-LN block from its state_dict ``w``, in float64: x (B, T, d) -> (B, T, d).
+    ``variant`` names one wrong sublayer (the value a diagnosis tries)."""
+    w = {k: v.double() for k, v in w.items()}
+    x = x.double()
+    lin = lambda name, t: t @ w[f"{name}.weight"].T + w[f"{name}.bias"]           # noqa: E731
+    norm = lambda name, t: F.layer_norm(t, t.shape[-1:], w[f"{name}.weight"], w[f"{name}.bias"])  # noqa: E731
+    mask = pad_mask
+    if causal:
+        tri = torch.ones(x.shape[1], x.shape[1], dtype=torch.bool).tril()
+        mask = tri if mask is None else mask & tri
+    q, k, v = lin("qkv", norm("ln_1", x)).chunk(3, dim=-1)
+    heads = _attention(q, k, v, n_heads, mask)
+    x = x + (heads if variant == "no_proj" else lin("proj", heads))
+    if memory is not None:
+        k, v = lin("kv_x", memory.double()).chunk(2, dim=-1)
+        x = x + lin("proj_x", _attention(lin("q_x", x if variant == "cross_no_norm" else norm("ln_x", x)), k, v,
+                                         n_heads, memory_mask))
+    hidden = lin("mlp.0", norm("ln_1" if variant == "one_norm" else "ln_2", x))
+    return x + lin("mlp.2", F.relu(hidden) if variant == "relu" else F.gelu(hidden))
+
+
+_BLOCK_VARIANTS = [
+    ("relu", "the MLP's activation is GELU (nn.GELU(), the exact form), not ReLU."),
+    ("one_norm", "the MLP read ln_1's output: each sub-layer normalises with its own LayerNorm, ln_2 before the "
+                 "MLP."),
+    ("no_proj", "attention's output projection proj was not applied: after the heads are joined back into "
+                "d_model features, proj mixes them before the result is added to the stream."),
+    ("cross_no_norm", "cross-attention's queries come from ln_x(x), the stream normalised by the block's own "
+                      "LayerNorm for that sub-layer."),
+]
+
+
+def _check_against_reference(Block, d, n_heads: int, width: int) -> None:
+    """The block with random weights loaded through the spec's names against the reference block:
+    self-attention (causal, with PAD) and, with cross=True, cross-attention to a padded memory."""
+    B, T, S = (d.rng.randrange(1, 4), d.rng.randrange(3, 9), d.rng.randrange(2, 8)) if d.hidden else (2, 5, 4)
+    x, memory = d.randn(B, T, width) * 2 + 1, d.randn(B, S, width)
+    pad, memory_mask = torch.ones(B, 1, 1, T, dtype=torch.bool), torch.ones(B, 1, 1, S, dtype=torch.bool)
+    pad[0, ..., :1], memory_mask[-1, ..., S // 2:] = False, False
+    for cross in (False, True):
+        with d.seeded():
+            block = call(Block, width, n_heads, dropout=0.0, causal=True, cross=cross, name="Block").eval()
+        _check_layout(block, width, cross)
+        state = _random_state({k: v.detach().clone() for k, v in dict(block.state_dict()).items()}, d)
+        block.load_state_dict(state)
+        kept = dict(block.state_dict())
+        shared = [k for k in state if not matches(kept[k], state[k], EXACT)]
+        expect(not shared, f"after loading different values into every entry of Block's state_dict, {_names(shared)} "
+               f"held another entry's values: two parts of the block share one tensor.",
+               "each sub-layer has a LayerNorm of its own (ln_1 before attention, ln_x before cross-attention, ln_2 "
+               "before the MLP): make a new nn.LayerNorm for each instead of assigning one module twice.")
+        inputs = dict(pad_mask=pad) | (dict(memory=memory, memory_mask=memory_mask) if cross else {})
+        with torch.no_grad():
+            out = call(block, x, name="Block.forward", **inputs)
+        expect_tensor(out, (B, T, width), "Block output")
+        ref = lambda variant="ok": _reference_block(state, x, n_heads, True, variant=variant, **inputs)  # noqa: E731
+        compare(out, ref().float(), f"Block(d_model={width}, n_heads={n_heads}, cross={cross}) with random weights "
+                f"loaded through the spec's names, against the reference block", "the block computes x = x + "
+                "proj(attention(ln_1(x))), then (cross=True) x = x + proj_x(attention(q_x(ln_x(x)), memory)), then "
+                "x = x + mlp(ln_2(x)); q, k, v are the three thirds of qkv's output in that order (k, v of kv_x's), "
+                "and feature j belongs to head j // d_head.",
+                variants=[(lambda v=v: ref(v), hint) for v, hint in _BLOCK_VARIANTS], tol=(1e-4, 1e-4))
+
+
 def _check_block(Block, hidden: bool) -> None:
     """Pre-LN (a constant added to a token's features passes straight through) and one mask
-    that is causal and hides PAD at once."""
+    that is causal and hides PAD at once; then the spec's layout and values against a
+    reference block, and dropout only while training."""
+    _check_block_properties(Block, hidden)
+    _check_block_reference(Block, hidden)
+
+
+def _check_block_reference(Block, hidden: bool) -> None:
+    """The spec's layout, values against the reference block, dropout only while training. The
+    models of exercises 4 and 6 run it too: their blocks are exercise 1's."""
+    d = draw("capstone/block reference", hidden)
+    n_heads = d.rng.choice([1, 2, 4]) if hidden else 2
+    width = n_heads * d.rng.choice([3, 4, 6]) if hidden else 12
+    _check_against_reference(Block, d, n_heads, width)
+    _check_block_dropout(Block, d.sub("dropout"), n_heads, width)
+
+
+_DROPOUT_EVAL = ("dropout acts only while training: in eval mode (model.eval()) the block must compute exactly what "
+                 "it computes with dropout=0. nn.Dropout follows the mode by itself; a dropout probability given to "
+                 "a function (scaled_dot_product_attention's dropout_p, F.dropout) must be 0 when not "
+                 "self.training.")
+
+
+def _check_block_dropout(Block, d, n_heads: int, width: int) -> None:
+    """Block(dropout=p): in eval mode exactly the reference block; in training mode each
+    sub-layer's output is random (with the other sub-layer's output projection set to zero, so
+    that what moves can only come from the sub-layer under test)."""
+    p = round(d.rng.uniform(0.2, 0.6), 2) if d.hidden else 0.5
+    B, T = 2, 6
+    with d.seeded():
+        block = call(Block, width, n_heads, dropout=p, causal=True, name="Block").eval()
+    state = _random_state({k: v.detach().clone() for k, v in dict(block.state_dict()).items()}, d)
+    block.load_state_dict(state)
+    x = d.randn(B, T, width)
+    with torch.no_grad():
+        out = call(block, x, name="Block.forward")
+    compare(out, _reference_block(state, x, n_heads, True).float(), f"Block(dropout={p}) in eval mode, against the "
+            "same block without dropout", _DROPOUT_EVAL, tol=(1e-4, 1e-4))
+    for silenced, where, hint in (
+            ("mlp.2", "attention", "pass the dropout probability to attention when training (scaled_dot_product_"
+                                   "attention(..., dropout_p=...), 0 in eval mode): the attention sub-layer was "
+                                   "never dropped out."),
+            ("proj", "MLP", "end the MLP with nn.Dropout(dropout) (it acts only in training mode): the MLP's output "
+                            "was never dropped out.")):
+        quiet = {k: torch.zeros_like(v) if k.startswith(silenced + ".") else v for k, v in state.items()}
+        block.load_state_dict(quiet)
+        block.train()
+        with torch.no_grad():
+            moved = call(block, x, name="Block.forward")
+        block.eval()
+        expect(not matches(moved, _reference_block(quiet, x, n_heads, True).float(), (1e-4, 1e-4)),
+               f"Block(dropout={p}) in training mode computed exactly what it computes without dropout when only "
+               f"its {where} sub-layer adds to the stream.", hint)
+
+
+def _check_block_properties(Block, hidden: bool) -> None:
     d = draw("capstone/block", hidden)
     n_heads = d.rng.choice([1, 2, 4]) if hidden else 4
     width = n_heads * d.rng.choice([4, 6, 8]) if hidden else 32
@@ -177,6 +348,22 @@ def _check_block(Block, hidden: bool) -> None:
     compare(later[:, :t][real], base[:, :t][real], f"with causal=True and a pad_mask, the outputs at real positions "
             f"before {t} after a change at position {t}",
             "the block stopped being causal when a pad_mask was given: " + _COMBINED_MASK)
+
+
+def _check_model_dropout(build, builder: str, cfg, args: tuple, runs: dict, who: str) -> None:
+    """A model built with cfg.dropout > 0 gives two different outputs for one input in training
+    mode (its blocks drop out); eval mode is the blocks' own test. ``runs``: what -> run(model),
+    for each stack of blocks that must drop out (a Seq2Seq's encode, then the whole model)."""
+    with draw(f"capstone/{who} dropout", False).seeded():
+        model = call(build, dataclasses.replace(cfg, dropout=0.5), *args, name=builder).train()
+    for what, run in runs.items():
+        with torch.no_grad():
+            first, second = run(model), run(model)
+        with own_fault():
+            expect(not matches(second, first, EXACT), f"{who} built with cfg.dropout=0.5 gave the same {what} twice "
+                   "for one input in training mode: nothing in it dropped out.",
+                   f"pass cfg.dropout on to every Block that {who} builds (Block(d_model, n_heads, cfg.dropout, ...)).")
+    model.eval()
 
 
 def _built_from_block(who: str, Block, hidden: bool) -> list:
@@ -241,6 +428,7 @@ def check_decoder_lm(build_lm, Block, hidden: bool = False) -> None:
         unchanged = matches(shallow(x[:, [1, 0] + list(range(2, T))])[:, 2:], shallow(x)[:, 2:])
     expect(not unchanged, "swapping the first two tokens left every later output unchanged.",
            "the model has no sense of order: add a positional embedding to the token embedding.")
+    _check_model_dropout(build_lm, "build_lm", TINY_LM, (vocab,), {"logits": lambda m: m(x)}, "DecoderLM")
 
 # ----------------------------------------------------------------------------- exercise 2
 
@@ -252,8 +440,9 @@ def _old_schedule(step, max_lr, warmup, total):
     return max_lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
 
 
-def _train_oracle(model, batches, steps, lr, min_lr, warmup, clip, wd, variant="ok"):
-    """Chapter 5's recipe with torch's AdamW and clip_grad_norm_; ``variant`` names one mistake."""
+def _train_oracle(model, batches, steps, lr, min_lr, warmup, clip, wd, variant="ok", autocast=None):
+    """Chapter 5's recipe with torch's AdamW and clip_grad_norm_; ``variant`` names one mistake;
+    ``autocast``, a dtype: the loss computed under CPU autocast to it."""
     decay = {id(m.weight) for m in model.modules() if isinstance(m, nn.Linear)} - {id(model.tok.weight)}
     params = list(model.parameters())
     opt = torch.optim.AdamW([{"params": [p for p in params if id(p) in decay], "weight_decay": wd},
@@ -269,7 +458,8 @@ def _train_oracle(model, batches, steps, lr, min_lr, warmup, clip, wd, variant="
             if variant == "default_decay" and group["weight_decay"] > 0:
                 group["weight_decay"] = 0.1
         x, y = batches[step]
-        loss = F.mse_loss(model(x), y)
+        with torch.autocast("cpu", dtype=autocast or torch.bfloat16, enabled=autocast is not None):
+            loss = F.mse_loss(model(x), y)
         if variant != "no_zero_grad":
             opt.zero_grad()
         loss.backward()
@@ -368,11 +558,59 @@ def _check_train(train, hidden: bool) -> None:
     compare(torch.tensor(losses, dtype=torch.float64), torch.tensor(want_losses, dtype=torch.float64),
             "the losses train returned", "append loss.item() once per step: the loss of that step's batch, "
             "computed before its update.", tol=(1e-4, 1e-5))
+    _check_train_bf16(train, trained, batches, recipe)
+
+
+# The first two losses of the same recipe under bf16 autocast, student and oracle, were equal
+# on 11 draws; in float32 or float16 they differ by 3e-5 to 4e-4 of the loss (measured on the
+# same draws). Two steps: later ones may round a weight to the other side in bf16.
+BF16_TOL = (0.0, 5e-6)
+
+
+def _check_train_bf16(train, trained, batches: list, recipe: tuple) -> None:
+    """use_bf16=True on the CPU: the losses of two steps of the same recipe, computed under bf16 autocast."""
+    _, lr, min_lr, _, clip, wd = recipe
+    steps = 2
+    student, _ = trained(None)
+    losses = call(train, student, lambda step: batches[step], lambda m, x, y: F.mse_loss(m(x), y), steps, lr,
+                  min_lr, 1, "cpu", use_bf16=True, weight_decay=wd, clip=clip, progress=False, name="train")
+
+    def oracle(dtype):
+        model, _ = trained(None)
+        return torch.tensor(_train_oracle(model, batches, steps, lr, min_lr, 1, clip, wd, autocast=dtype),
+                            dtype=torch.float64)
+
+    got = torch.tensor(losses, dtype=torch.float64) if isinstance(losses, list) else losses
+    compare(got, oracle(torch.bfloat16), "the losses train returned with use_bf16=True on the CPU, against chapter "
+            "5's recipe with the loss computed under bf16 autocast",
+            "under use_bf16, run the forward pass and the loss inside torch.autocast(device_type, "
+            "dtype=torch.bfloat16), with device_type the type of the device train is given (here the CPU); the "
+            "backward pass and the optimizer step stay outside it.", tol=BF16_TOL, variants=[
+                (lambda: oracle(None), "use_bf16=True changed nothing: on any device, not only on CUDA, the forward "
+                                       "pass and the loss run under bf16 autocast (torch.autocast with the "
+                                       "device's type) when use_bf16 is set."),
+                (lambda: oracle(torch.float16), "the autocast dtype was float16: use_bf16 asks for "
+                                                "dtype=torch.bfloat16.")])
 
 # ----------------------------------------------------------------------------- exercise 3
 
+def _favoured(window: list[int], vocab: int) -> int:
+    """The token :class:`_ScriptedLM` favours after ``window``, the ids it was given."""
+    return (sum(window) + 1) % vocab
+
+
+def _argmax_chain(prompt: list[int], n_new: int, vocab: int, context: int) -> list[int]:
+    """The ``n_new`` ids that follow ``prompt`` when each step gives the model the last ``context`` ids."""
+    ids = list(prompt)
+    for _ in range(n_new):
+        ids.append(_favoured(ids[-context:], vocab))
+    return ids[len(prompt):]
+
+
 class _ScriptedLM(nn.Module):
-    """Logits that favour token (last + 1) % V; refuses inputs longer than block_size."""
+    """Logits at position t that favour token (sum of the ids up to t + 1) % V, and token 0 a
+    little less: the next token depends on every id the model is given, not only the last one.
+    Refuses inputs longer than block_size. ids (B, T) -> logits (B, T, V)."""
 
     def __init__(self, vocab: int, block_size: int):
         super().__init__()
@@ -382,7 +620,7 @@ class _ScriptedLM(nn.Module):
         if ids.shape[1] > self.block_size:
             raise IndexError(f"sequence of {ids.shape[1]} is longer than block_size {self.block_size}")
         logits = torch.zeros(ids.shape[0], ids.shape[1], self.vocab)
-        logits.scatter_(2, ((ids + 1) % self.vocab)[..., None], 3.0)
+        logits.scatter_(2, ((ids.cumsum(1) + 1) % self.vocab)[..., None], 3.0)
         logits[..., 0] += 2.5
         return logits
 
@@ -429,7 +667,8 @@ def _check_generate(generate, hidden: bool) -> None:
     compare(b, a, "the second of two runs with generators of the same seed (expected: the first run)",
             "pass the generator on: sample_next_token(logits, generator, temperature, top_k).")
     cold = call(generate, model, prompt, 30, 4, 0.05, None, d.sub("cold").gen)
-    expect((cold[0, 3:] == (cold[0, 2:-1] + 1) % 10).float().mean() > 0.95,
+    chain = [_favoured(cold[0, max(0, t - 4):t].tolist(), 10) for t in range(3, cold.shape[1])]
+    expect((cold[0, 3:] == torch.tensor(chain)).float().mean() > 0.95,
            "at temperature 0.05 sampling should almost always pick the most likely token.",
            "pass temperature on to sample_next_token(logits, generator, temperature, top_k).")
     if hidden:
@@ -448,19 +687,28 @@ def _check_continuation(generate, model: _ScriptedLM, prompt: torch.Tensor, n_ne
         out = generate(model, prompt.clone(), n_new, block, 1.0, 1)
     except IndexError as err:
         fail(f"generate fed the model more than block_size tokens ({err}).",
-             "crop the context to the last block_size ids before each forward pass: ids[:, -block_size:].")
+             "the model reads at most block_size ids (its position table has block_size rows): crop the context "
+             "to the most recent block_size ids before each forward pass.")
     except NotImplementedError as err:
         raise not_written(err, "generate")
     expect_tensor(out, (1, P + n_new), "generate output")
     compare(out[:, :P], prompt, "the start of the output (the prompt)", "concatenate new ids after it.")
-    compare(out[0, P:].tolist(), [(int(prompt[0, -1]) + 1 + i) % vocab for i in range(n_new)],
-            f"with top_k=1, the continuation of {prompt.tolist()} (the argmax chain)",
-            "draw from the last position's logits: model(ids[:, -block_size:])[:, -1, :], with top_k passed on.")
-    # top_k=2: after token t only (t + 1) % vocab and 0 may follow (unless (t + 1) % vocab is 0 itself: ties).
-    two = call(generate, model, prompt, 60, block, d.rng.uniform(0.5, 3.0), 2, d.sub("top2").gen)[0]
-    for prev, nxt in zip(two[P - 1:-1].tolist(), two[P:].tolist()):
-        expect((prev + 1) % vocab == 0 or nxt in ((prev + 1) % vocab, 0), f"with top_k=2 the token {nxt} followed "
-               f"{prev}, but only {(prev + 1) % vocab} and 0 had the two largest logits.",
+    start = prompt[0].tolist()
+    compare(out[0, P:].tolist(), _argmax_chain(start, n_new, vocab, block),
+            f"with top_k=1, the continuation of {start} by a model whose next token depends on all {block} ids it "
+            f"is given (the argmax chain)", "draw from the logits of the last position the model was given, with "
+            "top_k passed on.", variants=[
+                (_argmax_chain(start, n_new, vocab, 1), "generate gave the model only the last id: the model "
+                 "predicts from all the context it is given, so give it the most recent block_size ids (all of "
+                 "them while there are fewer)."),
+                (lambda: _argmax_chain(start, n_new, vocab, block - 1), "the model was given one id fewer than "
+                 "block_size: the context is the most recent block_size ids, the newest included.")])
+    # top_k=2: only the favoured token and 0 may follow (unless the favoured one is 0 itself: ties).
+    two = call(generate, model, prompt, 60, block, d.rng.uniform(0.5, 3.0), 2, d.sub("top2").gen)[0].tolist()
+    for t in range(P, len(two)):
+        best = _favoured(two[max(0, t - block):t], vocab)
+        expect(best == 0 or two[t] in (best, 0), f"with top_k=2 the token {two[t]} followed {two[max(0, t - 3):t]}, but "
+               f"only {best} and 0 had the two largest logits.",
                "pass top_k on to sample_next_token(logits, generator, temperature, top_k).")
 
 # ----------------------------------------------------------------------------- exercise 4
@@ -468,6 +716,7 @@ def _check_continuation(generate, model: _ScriptedLM, prompt: torch.Tensor, n_ne
 def check_seq2seq(build_g2p, Block, hidden: bool = False) -> None:
     with earlier_first(*_built_from_block("Seq2Seq", Block, hidden)):
         _check_seq2seq(build_g2p, hidden)
+        _check_block_reference(Block, hidden)
 
 
 def _check_seq2seq(build_g2p, hidden: bool) -> None:
@@ -503,6 +752,8 @@ def _check_seq2seq(build_g2p, hidden: bool) -> None:
                 tol=PROPERTY_TOL)
         expect((model(src.flip(1), tgt) - logits).abs().max() > 1e-4, "reversing the source left the outputs "
                "unchanged.", "the encoder needs positional embeddings too.")
+    _check_model_dropout(build_g2p, "build_g2p", TINY_S2S, (src_vocab, tgt_vocab),
+                         {"memory (encode)": lambda m: m.encode(src)[0], "logits": lambda m: m(src, tgt)}, "Seq2Seq")
     # Pre-LN blocks carry a constant added to the positional tables along the residual stream;
     # the encoder's and the decoder's final LayerNorms remove it.
     state, names = _position_tables(model, S2S_MAX_LEN, TINY_S2S.d_model)
@@ -533,9 +784,9 @@ class _TableSeq2Seq(_ScriptedSeq2Seq):
     rest of the mass is spread evenly over the other ids (never PAD or BOS), at least 1e-6 each.
     A prefix not in the table ends: EOS with probability ``end``. The source is ignored."""
 
-    def __init__(self, vocab: int, table: dict, end: float = 0.6):
+    def __init__(self, vocab: int, table: dict, end: float = 0.6, offsets: dict | None = None):
         super().__init__()
-        self.vocab, self.table, self.end = vocab, table, end
+        self.vocab, self.table, self.end, self.offsets = vocab, table, end, offsets or {}
 
     def _row(self, prefix: tuple) -> torch.Tensor:
         chosen = self.table.get(prefix, {data.EOS: self.end})
@@ -546,8 +797,11 @@ class _TableSeq2Seq(_ScriptedSeq2Seq):
         return row
 
     def decode(self, tgt_in, memory, mask):
-        rows = [[self._row(tuple(r[: t + 1])) for t in range(len(r))] for r in tgt_in.tolist()]
-        return torch.stack([torch.stack(r) for r in rows]).log()              # (B, T, vocab)
+        """Log-probabilities, plus ``offsets[prefix]`` on a prefix's whole row: unnormalised scores
+        with the same softmax. tgt_in (B, T) -> (B, T, vocab)."""
+        rows = [[self._row(p).log() + self.offsets.get(p, 0.0) for p in (tuple(r[: t + 1]) for t in range(len(r)))]
+                for r in tgt_in.tolist()]
+        return torch.stack([torch.stack(r) for r in rows])
 
 
 def _trap(vocab: int = 6, A: int = 3, B: int = 4, C: int = 5, a: float = 0.6, b: float = 0.4,
@@ -557,6 +811,14 @@ def _trap(vocab: int = 6, A: int = 3, B: int = 4, C: int = 5, a: float = 0.6, b:
     model = _TableSeq2Seq(vocab, {(data.BOS,): {A: a, B: b}, (data.BOS, A): {data.EOS: e, C: 1 - e}}, end=1.0)
     model.A, model.B, model.a, model.b, model.e = A, B, a, b, e
     return model
+
+
+def _unnormalised(trap: _TableSeq2Seq, shift: float) -> _TableSeq2Seq:
+    """``trap`` whose scores after [A] are raised by ``shift`` and after [B] lowered by it: the
+    same probabilities, but summed raw scores then rank [A] (or [A, C]) above [B]."""
+    A, B = trap.A, trap.B
+    trap.offsets = {(data.BOS, A): shift, (data.BOS, B): -shift, (data.BOS,): -shift / 2}
+    return trap
 
 
 def _drawn_trap(rng: random.Random) -> _TableSeq2Seq:
@@ -673,6 +935,18 @@ def _beam_trap(beam_search, greedy_decode, model, src, max_len: int, beam_size: 
                                     "hypotheses by their summed log-prob divided by their length (EOS included).")])
 
 
+def _check_scores_normalised(beam_search, greedy_decode, d) -> None:
+    """The trap with a decoder that returns unnormalised scores (its rows' softmax unchanged):
+    only a step_fn that turns them into log-probabilities still finds [B]."""
+    trap = _unnormalised(_drawn_trap(d.rng) if d.hidden else _trap(), round(d.rng.uniform(2.0, 5.0), 2))
+    src = d.randint(3, trap.vocab, (1, d.rng.randrange(1, 9))) if d.hidden else torch.ones(1, 4, dtype=torch.long)
+    compare(_beam(beam_search, greedy_decode, trap, src, 2, 10), [trap.B], "beam_search with beam_size=2 on the "
+            "model of the test above, whose decode now returns scores that are not log-probabilities (the same "
+            "softmax: each row moved by a constant),",
+            "the decoder's logits are scores, not log-probabilities: step_fn must normalise the last position's "
+            "logits (log_softmax over the vocabulary) before beam_search_core adds them up.")
+
+
 def _length_trap(rng: random.Random | None) -> tuple[_TableSeq2Seq, list[int], list[int], int, int]:
     """A model where the best hypothesis by mean log-probability is long ([Y, chain...]) and the
     best by summed log-probability is short ([X]): (model, long, short, beam_size, max_len).
@@ -722,6 +996,7 @@ def check_beam_search(beam_search, greedy_decode, beam_search_core, hidden: bool
 def _check_beam_search(beam_search, greedy_decode, hidden: bool) -> None:
     d = draw("capstone/beam_search", hidden)
     _beam_trap(beam_search, greedy_decode, _trap(), torch.ones(1, 4, dtype=torch.long), 10, 2)
+    _check_scores_normalised(beam_search, greedy_decode, d.sub("unnormalised"))
     _check_length_trap(beam_search, greedy_decode, d.sub("length").rng if hidden else None)
     if not hidden:
         return
@@ -740,6 +1015,7 @@ def _check_beam_search(beam_search, greedy_decode, hidden: bool) -> None:
 def check_classifier(build_classifier, Block, hidden: bool = False) -> None:
     with earlier_first(*_built_from_block("EncoderClassifier", Block, hidden)):
         _check_classifier(build_classifier, hidden)
+        _check_block_reference(Block, hidden)
 
 
 def _check_classifier(build_classifier, hidden: bool) -> None:
@@ -763,6 +1039,8 @@ def _check_classifier(build_classifier, hidden: bool) -> None:
                 "it out of the mean (sum the real positions, divide by their count).", tol=PROPERTY_TOL)
         expect((model(flipped) - logits).abs().max() > 1e-4, "reversing the words left the logits unchanged.",
                "add positional embeddings: without them the encoder cannot see word order.")
+    _check_model_dropout(build_classifier, "build_classifier", TINY_CLS, (vocab, n_classes),
+                         {"logits": lambda m: m(padded)}, "EncoderClassifier")
     state, names = _position_tables(model, TINY_CLS.max_len, TINY_CLS.d_model)
     if names:
         compare(_shifted_logits(model, state, names, (padded,), d.rng.uniform(1.0, 3.0)), logits,

@@ -217,8 +217,9 @@ def check_random_batch(random_batch, hidden: bool = False) -> None:
         x, y = expect_tensor(got[0], (B, T), f"x of {what}"), expect_tensor(got[1], (B, T), f"y of {what}")
         want_x, want_y = _batch_from(tokens, B, T, seed)
         compare(torch.stack([x, y]), torch.stack([want_x, want_y]), f"the windows (x, y) of {what}",
-                "draw the starts exactly as specified, torch.randint(0, len(tokens) - block_size, (batch_size,), "
-                "generator=generator), then take the windows tokens[s : s+T] and tokens[s+1 : s+T+1].", variants=[
+                "draw the batch_size starts with one call of torch.randint on the generator, from 0 to the last start "
+                "whose targets fit (randint's upper bound is excluded), and make no other draw from it; then take "
+                "the windows tokens[s : s+T] and tokens[s+1 : s+T+1].", variants=[
                     (when(lambda xy: torch.equal(xy[1], xy[0])),
                      "the targets are the inputs: y must be the same window moved one token on, tokens[s+1 : s+T+1]."),
                     (when(lambda xy: T > 1 and torch.equal(xy[1, :, :-1], xy[0, :, 1:])
@@ -226,8 +227,8 @@ def check_random_batch(random_batch, hidden: bool = False) -> None:
                      "the last target of each row wrapped around to the row's first token (a roll of x): the target "
                      "of the last position is the token after the window, tokens[s + T]."),
                     (lambda: torch.stack(_batch_from(tokens, B, T, seed, -1)) if len(tokens) - T - 1 > 0 else None,
-                     "the last window is never drawn: torch.randint's upper bound is exclusive, so draw starts with "
-                     "torch.randint(0, len(tokens) - block_size, ...)."),
+                     "the last window is never drawn: torch.randint's upper bound is exclusive, and the last start "
+                     "whose targets fit is len(tokens) - block_size - 1."),
                     (when(lambda xy: torch.equal(xy[0], want_x)),
                      "x is right but y is not: y = tokens[s+1 : s+T+1] for each start s.")])
 

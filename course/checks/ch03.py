@@ -33,6 +33,20 @@ def _copies(*tensors):  # vocabulary? every check that hands tensors to an answe
     return [t if t is None else t.clone() for t in tensors]
 
 
+_IN_PLACE = ("build new tensors (q = q / s, not q /= s or q.div_(s); F.elu(q), not F.elu_(q)): the caller reads its "
+             "tensors again (a cache, the residual stream), and the spec says no input is changed.")
+
+
+def _call_on_copies(fn, tensors: tuple, *args, name: str, **kwargs):
+    """call(fn, copies of tensors, *args): the oracle and the variants see the inputs as drawn, and the answer
+    must leave its copies as they were (the chapter's rule: no input is changed in place)."""
+    given = _copies(*tensors)
+    out = call(fn, *given, *args, name=name, **kwargs)
+    expect(all(g is None or torch.equal(g, t) for g, t in zip(given, tensors)),
+           f"{name} changed one of its input tensors in place.", _IN_PLACE)
+    return out
+
+
 def _blame_attention_answer(who: str, scaled_dot_product_attention):
     """A failure of ``who`` blamed on exercise 2's answer when that answer fails its own tests."""
     return earlier_first(*earlier_answers(who, ("may call your scaled_dot_product_attention", 2,
@@ -191,10 +205,12 @@ def _weight_variants(q, k, v, mask, bias, want: torch.Tensor) -> list:
     ]
 
 
-def _run_attention(fn, q, k, v, mask, bias=None):
-    """The answer's (out, weights) for these very tensors (pass copies where an oracle needs the originals)."""
+def _run_attention(fn, q, k, v, mask, bias=None, copies: bool = True):
+    """The answer's (out, weights) for copies of these tensors, which it must leave unchanged (``copies=False``:
+    the tensors themselves, for a gradient read off them)."""
+    tensors, name = (q, k, v, mask) + (() if bias is None else (bias,)), "scaled_dot_product_attention"
     with forbid(*_SDPA, exercise="scaled dot-product attention"):
-        result = call(fn, q, k, v, mask, name="scaled_dot_product_attention", **({} if bias is None else {"bias": bias}))
+        result = _call_on_copies(fn, tensors, name=name) if copies else call(fn, *tensors, name=name)
     expect(isinstance(result, tuple) and len(result) == 2,
            f"scaled_dot_product_attention should return a tuple (out, weights), got {type(result).__name__}.",
            "return both: `return weights @ v, weights`.")
@@ -202,7 +218,7 @@ def _run_attention(fn, q, k, v, mask, bias=None):
 
 
 def _check_attention_case(fn, q, k, v, mask, what: str, bias=None) -> None:
-    out, weights = _run_attention(fn, *_copies(q, k, v, mask, bias))
+    out, weights = _run_attention(fn, q, k, v, mask, bias)
     batch = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2])
     w_shape = torch.broadcast_shapes((*batch, q.shape[-2], k.shape[-2]), *[t.shape for t in (mask, bias) if t is not None])
     expect_tensor(weights, tuple(w_shape), f"weights for {what}")
@@ -247,7 +263,7 @@ def _check_low_precision(fn, d) -> None:
         what = (f"{name} inputs (2, 2, {T_q}/{T_k}, 8) with a fully masked row"
                 + (f" and a {name} bias (1, 2, {T_q}, {T_k})" if with_bias else ""))
         try:
-            out, weights = _run_attention(fn, *_copies(q, k, v, mask, bias))
+            out, weights = _run_attention(fn, q, k, v, mask, bias)
         except CheckFailed as err:           # the answer raised: PyTorch's message names the mistake
             hint = next((h for words, h in _LOW_PRECISION_ERRORS if any(w in err.what for w in words)), None)
             if hint is None:
@@ -276,7 +292,7 @@ def _check_extreme(fn, d) -> None:
     mask[1, 2] = False
     q, k, v = torch.full((2, 4, 1), 300.0), -(330.0 + d.uniform(0, 10, 2, 6, 1)), d.randn(2, 6, 3)
     what = "scores around -1e5 with a partly and a fully masked row"
-    w = _run_attention(fn, *_copies(q, k, v, mask))[1].detach().to(torch.float64)
+    w = _run_attention(fn, q, k, v, mask)[1].detach().to(torch.float64)
     live, leaked = mask.expand(w.shape).any(dim=-1), w.masked_select(~mask.expand(w.shape)).abs()
     expect(not (live & (w.sum(dim=-1) - 1).abs().gt(1e-3)).any() and not leaked.gt(0).any(),
            f"{what}: with scores around -1e5, the weights of the allowed keys sum to "
@@ -355,7 +371,7 @@ def _check_attention_gradient(fn, d) -> None:
     empty = torch.ones(1, 1, 3, 4, dtype=torch.bool)
     empty[..., 1, :] = False
     q, k, v = (d.randn(1, 2, T, 8).requires_grad_() for T in (3, 4, 4))
-    out, _ = _run_attention(fn, q, k, v, empty)              # the leaves themselves: their .grad is read below
+    out, _ = _run_attention(fn, q, k, v, empty, copies=False)   # the leaves themselves: their .grad is read below
     expect(out.requires_grad, "the output of scaled_dot_product_attention carries no gradient.",
            "do not detach anything (and do not wrap the computation in torch.no_grad()).")
     out.pow(2).sum().backward()
@@ -461,8 +477,8 @@ def check_decoder_mask(decoder_mask, hidden: bool = False) -> None:
 
 def _forward(module, x, mask=None):
     with forbid(*_SDPA, exercise="MultiHeadAttention"):
-        return call(module, *_copies(x), **({} if mask is None else {"mask": mask.clone()}),
-                    name="MultiHeadAttention.forward")
+        return _call_on_copies(module, (x,), **({} if mask is None else {"mask": mask.clone()}),
+                               name="MultiHeadAttention.forward")
 
 
 def _check_linear(module, attr: str, d_in: int, d_out: int, bias: bool) -> None:
@@ -685,7 +701,7 @@ def check_grouped_query_attention(grouped_query_attention, scaled_dot_product_at
                      + ("no mask" if mask is None else f"a {kind.replace('_', '-')} mask {tuple(mask.shape)}"))
             largest = _LargestTensor()
             with forbid(*_SDPA, exercise="grouped-query attention"), largest:
-                got = call(grouped_query_attention, *_copies(q, k, v, mask), name="grouped_query_attention")
+                got = _call_on_copies(grouped_query_attention, (q, k, v, mask), name="grouped_query_attention")
             expect_tensor(got, (B, H, T_q, dh), label)
             expect(got.dtype == dtype, f"{label} returned {got.dtype}.", "keep the dtype of q.")
             ref = lambda m=mask, **kw: lambda: _gqa_ref(q, k, v, m, **kw).to(dtype)  # noqa: E731
@@ -893,7 +909,7 @@ def check_sliding_window_attention(sliding_window_attention, scaled_dot_product_
                      f"{str(dtype)[6:]}")
             largest = _LargestTensor()
             with forbid(*_SDPA, exercise="sliding-window attention"), largest:
-                got = call(sliding_window_attention, *_copies(q, k, v), window, name="sliding_window_attention")
+                got = _call_on_copies(sliding_window_attention, (q, k, v), window, name="sliding_window_attention")
             expect_tensor(got, (*batch, T, d_v), label)
             expect(got.dtype == dtype, f"{label} returned {got.dtype}.", "keep the dtype of q.")
             ref = lambda **kw: lambda: _window_ref(q, k, v, window, **kw).to(dtype)  # noqa: E731
@@ -975,7 +991,7 @@ def check_chunked_linear_attention(chunked_linear_attention, hidden: bool = Fals
         label = f"chunked_linear_attention(q, k, v, chunk_size={C}) for q {(*batch, T, d_k)}, d_v={d_v}, {str(dtype)[6:]}"
         largest = _LargestTensor()
         with forbid(*_SDPA, exercise="chunked linear attention"), largest:
-            got = call(fn, *_copies(q, k, v), C, name="chunked_linear_attention")
+            got = _call_on_copies(fn, (q, k, v), C, name="chunked_linear_attention")
         expect_tensor(got, (*batch, T, d_v), label)
         expect(got.dtype == dtype, f"{label} returned {got.dtype}.", "keep the dtype of q.")
         compare(got, _linear_ref(q, k, v).to(dtype), label, "out_i = phi(q_i) . S_i / (phi(q_i) . z_i) with S_i = "
@@ -997,7 +1013,7 @@ def check_chunked_linear_attention(chunked_linear_attention, hidden: bool = Fals
     k2, v2 = k.clone(), v.clone()
     k2[:, 13:] += 1.0
     v2[:, 13:] -= 2.0
-    a, b = (call(fn, *_copies(q, *kv), 8, name="chunked_linear_attention") for kv in ((k, v), (k2, v2)))
+    a, b = (_call_on_copies(fn, (q, *kv), 8, name="chunked_linear_attention") for kv in ((k, v), (k2, v2)))
     expect(matches(b[:, :13], a[:, :13]), "chunked_linear_attention(chunk_size=8) is not causal: changing keys and "
            "values from position 13 on changed earlier outputs.",
            "inside a chunk mask the future (tril); update the state after the chunk.")
@@ -1070,7 +1086,7 @@ def _flash_variants(q, k, v, q_block, k_block, causal) -> list:
 def _run_flash(fn, q, k, v, q_block, k_block, causal, label):
     largest = _LargestTensor()
     with forbid(*_SDPA, exercise="tiled attention"), largest:
-        got = call(fn, *_copies(q, k, v), q_block, k_block, causal=causal, name="flash_attention")
+        got = _call_on_copies(fn, (q, k, v), q_block, k_block, causal=causal, name="flash_attention")
     expect(isinstance(got, (tuple, list)) and len(got) == 2, f"{label} returned {type(got).__name__}, expected a "
            "tuple (out, lse).", "return the output and the log-sum-exp of each query's scores: `return out, lse`.")
     return got[0], got[1], largest

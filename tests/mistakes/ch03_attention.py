@@ -195,6 +195,14 @@ MISTAKES = [
             "out, _ = scaled_dot_product_attention(q, k, v, mask)                  # (B, n_kv, group * T_q, d_v)",
             "out, _ = scaled_dot_product_attention(q, k, v)",
             BOTH["ex5"], "the mask was ignored"),
+    # ---------------------------------------------------------------- inputs that must not change (issue 32)
+    Mistake("attention_scales_query_in_place", "ex2_answer",
+            "scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])",
+            "scores = q.div_(math.sqrt(q.shape[-1])) @ k.transpose(-2, -1)",
+            BOTH["ex2"], "the caller reads its tensors again"),
+    Mistake("linear_attention_feature_map_in_place", "ex8_answer",
+            "q, k = F.elu(q) + 1, F.elu(k) + 1", "q, k = F.elu_(q).add_(1), F.elu_(k).add_(1)",
+            BOTH["ex8"], "the caller reads its tensors again", e2e=False),
     # ---------------------------------------------------------------- 6: entropy, predicted and measured
     Mistake("entropy_prediction_ignores_causal_mask", "ex6_answer",
             "return math.log(position + 1)", "return math.log(seq_len)",

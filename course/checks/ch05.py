@@ -13,6 +13,7 @@ kernel they are mirrored there, and their state comes back after every call.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import importlib
 import math
@@ -1101,6 +1102,47 @@ def _train_call(train, model, tokens, steps, rng: Draw, what: str, expected: int
     return losses, out[1]
 
 
+class _GoesOn:
+    """The grader's side of :class:`course.goes_on.GoesOn`: whether the kernel negated the model."""
+
+    def __init__(self) -> None:
+        self.kernel = False
+
+    def absorb(self, state: dict) -> None:
+        self.kernel = self.kernel or bool(isinstance(state, dict) and state.get("touched"))
+
+
+@contextlib.contextmanager
+def _training_goes_on(model: nn.Module):
+    """Around a call that returns a checkpoint: once it returns, the model's parameters are negated
+    (in the kernel before the checkpoint is sent, when grading; here otherwise), as if training
+    went on; yields a function that restores the model (call it once the checkpoint is saved)."""
+    from .. import probe
+    from ..goes_on import negate
+
+    here = _GoesOn()
+    with probe.kernel_context("course.goes_on:GoesOn", owner=here):
+        restore = []
+        yield lambda: [negate(model) for _ in restore]
+    negate(model)                     # the kernel's negation came back to our copy: undo it; or do it here
+    restore.extend([] if here.kernel else [True])
+
+
+def _aliased(checkpoint, model: nn.Module) -> bool:
+    """Whether the checkpoint holds a parameter as it was after the model was negated: a live tensor."""
+    params = [p.detach() for p in model.parameters() if p.detach().abs().sum() > 0]
+    tensors = [t for t in _leaves(checkpoint) if isinstance(t, torch.Tensor) and t.is_floating_point()]
+    return any(t.shape == p.shape and torch.equal(t, -p) and not torch.equal(t, p) for t in tensors for p in params)
+
+
+def _leaves(value) -> list:
+    if isinstance(value, dict):
+        return [x for v in value.values() for x in _leaves(v)]
+    if isinstance(value, (list, tuple)):
+        return [x for v in value for x in _leaves(v)]
+    return [value]
+
+
 def _tiny_lm(d: Draw, vocab: int, dropout: float) -> TinyLM:
     with d.seeded():
         return TinyLM(vocab, 12, dropout)
@@ -1120,11 +1162,17 @@ def _resume_experiment(train, d: Draw, tokens, vocab, dropout, lr_pair, steps, s
             model = _tiny_lm(d.sub(f"init{k}"), vocab, dropout)      # a fresh model: resuming must restore it
         end = stop if stop is not None else steps
         # after a stop, another global RNG (d.sub("rng{k}")): resuming must restore it
-        part, saved = _train_call(train, model, tokens, steps, d.sub(f"rng{k}"),
-                                  f"train({'resume_from=<checkpoint of step ' + str(start) + '>, ' if k else ''}"
-                                  f"stop_at={stop}) (steps {start} to {end - 1})", end - start,
-                                  resume_from=checkpoint, stop_at=stop, **args)
+        with _training_goes_on(model) as restore:
+            part, saved = _train_call(train, model, tokens, steps, d.sub(f"rng{k}"),
+                                      f"train({'resume_from=<checkpoint of step ' + str(start) + '>, ' if k else ''}"
+                                      f"stop_at={stop}) (steps {start} to {end - 1})", end - start,
+                                      resume_from=checkpoint, stop_at=stop, **args)
         checkpoint = _round_trip(saved, f"the checkpoint after step {end}")
+        restore()
+        expect(not _aliased(checkpoint, model), f"the checkpoint after step {end} changed when the model was "
+               "trained on after train returned: it holds the model's own tensors.", "state_dict() returns the "
+               "model's live tensors, which the next step changes: clone them into the checkpoint "
+               "({k: v.clone() for k, v in model.state_dict().items()}).")
         first = (checkpoint, copy.deepcopy(checkpoint)) if first is None else first     # as given, and as saved
         pieces += part
         start = end

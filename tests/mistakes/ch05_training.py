@@ -347,3 +347,8 @@ MISTAKES += [
                 old2="    if decay_steps is None:\n        decay_steps = max_steps - warmup_steps\n",
                 new2="    decay_steps = max_steps - warmup_steps\n"),
 ]
+
+# The model's live tensors in the checkpoint: it changes as soon as training goes on.
+MISTAKES.append(Mistake("resume_state_dict_not_cloned", "ex9_answer",
+                        '"model": {k: v.clone() for k, v in model.state_dict().items()}',
+                        '"model": model.state_dict()', BOTH[9], "clone them into the checkpoint"))

@@ -36,6 +36,10 @@ _ACTIVATIONS = ((F, "gelu"), (F, "silu"))
 # group_norm with one group over a row is layer_norm under another name (issue 32)
 _NORMS = ((F, "layer_norm"), (F, "rms_norm"), (torch, "layer_norm"), (torch, "rms_norm"), (torch, "native_layer_norm"),
           (F, "group_norm"), (torch, "group_norm"))
+# RMSNorm's spec: the axis is normalised where it is, not moved to the end and back (two copies). By name:
+# the Tensor methods and torch functions that move an axis.
+_MOVES = tuple((owner, name) for owner in (torch, torch.Tensor)
+               for name in ("movedim", "moveaxis", "permute", "transpose", "swapaxes", "swapdims"))
 _LOW = (torch.bfloat16, torch.float16)
 
 
@@ -422,10 +426,11 @@ def _norm_module(module: Any, cls: str, shape: tuple[int, ...], default_eps: flo
 
 
 def _norm_outputs(module: Any, cls: str, shown: str, inputs: list, oracle: Callable, variants: Callable,
-                  along: str = "over its last dimension (d_model)") -> None:
-    """Each of ``inputs`` ((x, label)) through a student's norm, against ``oracle(x)`` (in float64)."""
+                  along: str = "over its last dimension (d_model)", forbidden: tuple = (), exercise: str = "") -> None:
+    """Each of ``inputs`` ((x, label)) through a student's norm, against ``oracle(x)`` (in float64); ``forbidden``
+    adds what the exercise (``exercise``) rules out besides the norms."""
     for x, label in inputs:
-        with forbid(*_NORMS, exercise=cls):
+        with forbid(*_NORMS, *forbidden, exercise=exercise or cls):
             got = expect_tensor(_unchanged_call(module, x, name=f"{cls}.forward"), tuple(x.shape), f"{cls} output")
         expect(got.dtype == x.dtype, f"{cls} returned {got.dtype} for a {x.dtype} input.",
                "compute the statistics in float32, then cast the result back: .to(x.dtype).")
@@ -481,7 +486,8 @@ def check_rms_norm(RMSNorm, hidden: bool = False, last_axis_only: bool = False) 
                 inputs = [(torch.stack([x, x * 0.5 + 0.1], dim=-2).unsqueeze(-2), label) for x, label in inputs]
             _norm_outputs(module, "RMSNorm", shown, [(x.movedim(-1, axis).contiguous(), lab) for x, lab in inputs],
                           lambda x: F.rms_norm(x.double().movedim(axis, -1), (n,), w.double(), eps).movedim(-1, axis),
-                          lambda x: _rms_norm_variants(x, w, eps, axis), f"along axis {axis} (of size {n})")
+                          lambda x: _rms_norm_variants(x, w, eps, axis), f"along axis {axis} (of size {n})",
+                          _MOVES, "RMSNorm along its axis without moving it (no movedim, transpose or permute)")
 
 # ----------------------------------------------------------------------------- exercise 6
 

@@ -317,6 +317,14 @@ MISTAKES = [
             "y = x32 * torch.rsqrt(x32.pow(2).mean(dim=self.dim, keepdim=True) + self.eps)",
             "y = x32.mul_(torch.rsqrt(x32.pow(2).mean(dim=self.dim, keepdim=True) + self.eps))",
             BOTH["ex5"], "the caller reads its input again", e2e=False),
+    # A rule of the spec no value shows: the axis is normalised where it is, not moved to the end and back.
+    Mistake("rms_norm_moves_the_axis", "ex5_answer",
+            "        x32 = x.float()\n"
+            "        y = x32 * torch.rsqrt(x32.pow(2).mean(dim=self.dim, keepdim=True) + self.eps)\n",
+            "        x32 = x.float().movedim(self.dim, -1)\n"
+            "        y = x32 * torch.rsqrt(x32.pow(2).mean(dim=-1, keepdim=True) + self.eps)\n"
+            "        return (y * self.weight).to(x.dtype).movedim(-1, self.dim)\n",
+            BOTH["ex5"], "calling the built-in Tensor.movedim"),
     # ---------------------------------------------------------------- found by honest attempts
     Mistake("silu_computed_in_float32", "ex1_answer", "return x * torch.sigmoid(x)",
             "x32 = x.float()\n    return x32 * torch.sigmoid(x32)", BOTH["ex1"], "without converting the result back"),

@@ -452,7 +452,7 @@ def _check_training_work(train_bpe, hidden: bool) -> None:
 
 
 def _fail_work(label: str, updates: int, bound: int, n_chunks: int, positions: int) -> None:
-    fail(f"{label}: train_bpe made more than {bound:,} updates to pair_counts ({updates:,} when it was stopped), "
+    fail(f"{label} made more than {bound:,} updates to pair_counts ({updates:,} when it was stopped), "
          f"the most allowed: {UPDATES_PER_POSITION} per pair position of its {n_chunks:,} distinct chunks "
          f"({positions:,} positions).",
          "pair_counts was rebuilt after every merge, or more counts were set than each merge changes (a rebuild "

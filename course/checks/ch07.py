@@ -10,6 +10,7 @@ named as the cause ("train calls your lr_at from chapter 5 ...")."""
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 import random
 from pathlib import Path
@@ -198,6 +199,7 @@ def _reference_block(w: dict, x, n_heads: int, causal: bool, pad_mask=None, memo
     heads = _attention(q, k, v, n_heads, mask)
     x = x + (heads if variant == "no_proj" else lin("proj", heads))
     if memory is not None:
+        memory_mask = None if variant == "no_memory_mask" else memory_mask
         k, v = lin("kv_x", memory.double()).chunk(2, dim=-1)
         x = x + lin("proj_x", _attention(lin("q_x", x if variant == "cross_no_norm" else norm("ln_x", x)), k, v,
                                          n_heads, memory_mask))
@@ -213,6 +215,8 @@ _BLOCK_VARIANTS = [
                 "d_model features, proj mixes them before the result is added to the stream."),
     ("cross_no_norm", "cross-attention's queries come from ln_x(x), the stream normalised by the block's own "
                       "LayerNorm for that sub-layer."),
+    ("no_memory_mask", "cross-attention attended to the memory's PAD positions: pass memory_mask (True = may "
+                       "attend) as the mask of cross-attention."),
 ]
 
 
@@ -366,6 +370,34 @@ def _check_model_dropout(build, builder: str, cfg, args: tuple, runs: dict, who:
     model.eval()
 
 
+def _block_parameters(d: int, cross: bool = False) -> int:
+    return sum(math.prod(shape) for shape in _block_layout(d, cross).values())
+
+
+def _check_parameter_count(build, builder: str, cfg, args: tuple, fixed: tuple[int, ...], who: str, parts: str,
+                           stacks: dict[str, int]) -> None:
+    """The model's parameters (each shared one once) against the spec's count: one of ``fixed``
+    (the counts the spec allows outside the blocks) plus cfg.n_layers blocks in each of
+    ``stacks`` (name -> parameters of one of its blocks). A count that other numbers of blocks
+    explain names the stack whose depth is not cfg.n_layers."""
+    with draw(f"capstone/{who} size", False).seeded():
+        model = call(build, cfg, *args, name=builder)
+    got, n = sum(p.numel() for p in model.parameters()), cfg.n_layers
+    if got in {f + n * sum(stacks.values()) for f in fixed}:
+        return
+    with own_fault():
+        for f in fixed:
+            for depths in itertools.product(range(9), repeat=len(stacks)):
+                if f + sum(k * size for k, size in zip(depths, stacks.values())) == got:
+                    found = ", ".join(f"{k} block(s) in {name}" for k, name in zip(depths, stacks))
+                    fail(f"{who} built with n_layers={n} has {got:,} parameters, the count of {found}.",
+                         f"build cfg.n_layers blocks in {' and in '.join(stacks)} "
+                         "(nn.ModuleList(Block(...) for _ in range(cfg.n_layers))), not a fixed number.")
+        fail(f"{who} built with d_model={cfg.d_model} and n_layers={n} has {got:,} parameters; the spec's parts "
+             f"have {fixed[0] + n * sum(stacks.values()):,}.",
+             f"{who} holds exactly {parts}, and cfg.n_layers blocks with the parameters of the spec's table.")
+
+
 def _built_from_block(who: str, Block, hidden: bool) -> list:
     """``earlier_first``'s pair for a model built from exercise 1's Block."""
     return earlier_answers(who, ("is built from your Block of exercise 1", 1, Block, lambda b: _check_block(b, hidden)))
@@ -429,6 +461,12 @@ def check_decoder_lm(build_lm, Block, hidden: bool = False) -> None:
     expect(not unchanged, "swapping the first two tokens left every later output unchanged.",
            "the model has no sense of order: add a positional embedding to the token embedding.")
     _check_model_dropout(build_lm, "build_lm", TINY_LM, (vocab,), {"logits": lambda m: m(x)}, "DecoderLM")
+    depth = dataclasses.replace(TINY_LM, n_layers=d.rng.choice([1, 4]) if hidden else 3)
+    d_model = depth.d_model
+    _check_parameter_count(build_lm, "build_lm", depth, (vocab,), ((vocab + depth.block_size + 2) * d_model,),
+                           "DecoderLM", f"a token table ({vocab}, {d_model}) whose weight the output projection "
+                           f"shares (it has no bias), a positional table ({depth.block_size}, {d_model}), a final "
+                           "LayerNorm", {"the model": _block_parameters(d_model)})
 
 # ----------------------------------------------------------------------------- exercise 2
 
@@ -754,6 +792,15 @@ def _check_seq2seq(build_g2p, hidden: bool) -> None:
                "unchanged.", "the encoder needs positional embeddings too.")
     _check_model_dropout(build_g2p, "build_g2p", TINY_S2S, (src_vocab, tgt_vocab),
                          {"memory (encode)": lambda m: m.encode(src)[0], "logits": lambda m: m(src, tgt)}, "Seq2Seq")
+    depth = dataclasses.replace(TINY_S2S, n_layers=d.rng.choice([1, 4]) if hidden else 3)
+    width = depth.d_model
+    fixed = (src_vocab + tgt_vocab + S2S_MAX_LEN + 4) * width
+    _check_parameter_count(build_g2p, "build_g2p", depth, (src_vocab, tgt_vocab), (fixed, fixed + S2S_MAX_LEN * width),
+                           "Seq2Seq",
+                           f"a letter table ({src_vocab}, {width}), a phoneme table ({tgt_vocab}, {width}) whose weight "
+                           f"the output projection shares (it has no bias), a positional table ({S2S_MAX_LEN}, {width}) "
+                           "(or one for each side), the encoder's and the decoder's final LayerNorms",
+                           {"the encoder": _block_parameters(width), "the decoder": _block_parameters(width, True)})
     # Pre-LN blocks carry a constant added to the positional tables along the residual stream;
     # the encoder's and the decoder's final LayerNorms remove it.
     state, names = _position_tables(model, S2S_MAX_LEN, TINY_S2S.d_model)
@@ -1041,6 +1088,8 @@ def _check_classifier(build_classifier, hidden: bool) -> None:
                "add positional embeddings: without them the encoder cannot see word order.")
     _check_model_dropout(build_classifier, "build_classifier", TINY_CLS, (vocab, n_classes),
                          {"logits": lambda m: m(padded)}, "EncoderClassifier")
+    _check_classifier_count(build_classifier, dataclasses.replace(TINY_CLS, n_layers=d.rng.choice([1, 4])
+                                                                  if hidden else 3), vocab, n_classes)
     state, names = _position_tables(model, TINY_CLS.max_len, TINY_CLS.d_model)
     if names:
         compare(_shifted_logits(model, state, names, (padded,), d.rng.uniform(1.0, 3.0)), logits,
@@ -1056,9 +1105,19 @@ def _check_classifier(build_classifier, hidden: bool) -> None:
                 "attends to every real word, before and after it.", tol=PROPERTY_TOL)
 
 
+def _check_classifier_count(build_classifier, cfg, vocab: int, n_classes: int) -> None:
+    width = cfg.d_model
+    _check_parameter_count(build_classifier, "build_classifier", cfg, (vocab, n_classes),
+                           ((vocab + cfg.max_len + 2 + n_classes) * width + n_classes,), "EncoderClassifier",
+                           f"a token table ({vocab}, {width}), a positional table ({cfg.max_len}, {width}), a final "
+                           f"LayerNorm and a Linear({width}, {n_classes}) head with its bias",
+                           {"the encoder": _block_parameters(width)})
+
+
 def _check_pooling(build_classifier, vocab: int, n_classes: int, d) -> None:
     """With no blocks (n_layers=0) each final state depends on its own word only, so the mean
     over n real words moves by exactly 1/n of what the first word alone moves it."""
+    _check_classifier_count(build_classifier, dataclasses.replace(TINY_CLS, n_layers=0), vocab, n_classes)
     with d.seeded():
         flat = call(build_classifier, dataclasses.replace(TINY_CLS, n_layers=0), vocab, n_classes,
                     name="build_classifier").eval()

@@ -142,6 +142,8 @@ MISTAKES = [
     Mistake("block_kv_swapped", "ex1_answer", "k, v = self.kv_x(memory).chunk(2, dim=-1)",
             "v, k = self.kv_x(memory).chunk(2, dim=-1)", ("ex1_visible", "ex1_hidden"),
             "k, v of kv_x's"),
+    Mistake("block_cross_ignores_memory_mask", "ex1_answer", "k, v, mask=memory_mask)", "k, v, mask=None)",
+            ("ex1_visible", "ex1_hidden"), "attended to the memory's PAD positions"),
     # dropout: only in training mode, in both sub-layers, and passed on by every model
     Mistake("block_dropout_in_eval", "ex1_answer", "dropout_p=self.dropout if self.training else 0.0",
             "dropout_p=self.dropout", ("ex1_visible", "ex1_hidden"), "dropout acts only while training"),
@@ -159,6 +161,16 @@ MISTAKES = [
     Mistake("classifier_ignores_dropout", "ex6_answer", "Block(cfg.d_model, cfg.n_heads, cfg.dropout, causal=False)",
             "Block(cfg.d_model, cfg.n_heads, causal=False)", ("ex6_visible", "ex6_hidden"),
             "pass cfg.dropout on to every Block that EncoderClassifier builds"),
+    # the parameter count: cfg.n_layers blocks, nothing more
+    Mistake("lm_fixed_depth", "ex1_answer", "Block(cfg.d_model, cfg.n_heads, cfg.dropout) for _ in range(cfg.n_layers)",
+            "Block(cfg.d_model, cfg.n_heads, cfg.dropout) for _ in range(2)", ("ex1_visible", "ex1_hidden"),
+            "build cfg.n_layers blocks"),
+    Mistake("lm_head_bias", "ex1_answer", "self.head = nn.Linear(cfg.d_model, vocab_size, bias=False)",
+            "self.head = nn.Linear(cfg.d_model, vocab_size)", ("ex1_visible", "ex1_hidden"), "(it has no bias)"),
+    Mistake("seq2seq_fixed_depth", "ex4_answer", "for _ in range(cfg.n_layers))", "for _ in range(2))",
+            ("ex4_visible", "ex4_hidden"), "build cfg.n_layers blocks"),
+    Mistake("classifier_fixed_depth", "ex6_answer", "for _ in range(cfg.n_layers))", "for _ in range(2))",
+            ("ex6_visible", "ex6_hidden"), "build cfg.n_layers blocks"),
     # ---- exercise 2
     Mistake("no_grad_clipping", "ex2_answer", _CLIP, "", EX2, "gradients were not clipped"),
     Mistake("train_torch_clip", "ex2_answer",

@@ -867,7 +867,8 @@ def judge_configured(name: str, predict: Callable, configs: list[tuple], answer:
         try:
             judge(config, value)
         except CheckFailed:
-            same = all(repr(v) == repr(values[0]) for v in values)
+            number = isinstance(values[0], (int, float)) and not isinstance(values[0], bool)
+            same = number and all(repr(v) == repr(values[0]) for v in values)   # not a wrong type or None
             if not same or len({answer(*c) for c in configs}) < 2:
                 raise
             cases = "; ".join(f"{shown(c)} (expected {answer(*c):.6g})" for c in configs[:3])

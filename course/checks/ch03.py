@@ -631,13 +631,22 @@ def check_multi_head_attention(MultiHeadAttention, scaled_dot_product_attention=
                    "the outputs at positions before 3.", "pass the mask down to the attention of every head, so "
                    "that query i only sees keys j <= i; do not mix positions anywhere else.")
             _check_blind_query(module, params, x, causal, n_heads, cfg, hidden)
+    def indivisible(d) -> tuple[int, int]:        # sizes that do not divide, other than the visible ones
+        n_heads = d.rng.randrange(5, 13)
+        return n_heads * d.rng.randrange(4, 17) + d.rng.randrange(1, n_heads), n_heads
+    for d_model, n_heads in d.cases([(10, 3)], indivisible, 1):
+        _check_indivisible(MultiHeadAttention, d_model, n_heads)
+
+
+def _check_indivisible(MultiHeadAttention, d_model: int, n_heads: int) -> None:
     try:
-        MultiHeadAttention(10, 3)
+        MultiHeadAttention(d_model, n_heads)
     except ValueError as err:
-        expect("10" in str(err) and "3" in str(err), "the ValueError should name d_model and n_heads.",
+        expect(str(d_model) in str(err) and str(n_heads) in str(err),
+               f"the ValueError for d_model={d_model}, n_heads={n_heads} should name both.",
                "say which sizes do not divide, e.g. f'd_model {d_model} is not divisible by n_heads {n_heads}'.")
     else:
-        fail("MultiHeadAttention(d_model=10, n_heads=3) did not raise ValueError.",
+        fail(f"MultiHeadAttention(d_model={d_model}, n_heads={n_heads}) did not raise ValueError.",
              "check d_model % n_heads == 0 in __init__ and raise ValueError naming both sizes.")
 
 # ----------------------------------------------------------------------------- exercise 5

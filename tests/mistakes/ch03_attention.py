@@ -195,6 +195,15 @@ MISTAKES = [
             "out, _ = scaled_dot_product_attention(q, k, v, mask)                  # (B, n_kv, group * T_q, d_v)",
             "out, _ = scaled_dot_product_attention(q, k, v)",
             BOTH["ex5"], "the mask was ignored"),
+    # ---------------------------------------------------------------- sizes that do not divide (issue 32)
+    Mistake("mha_no_divisibility_check", "ex4_answer",
+            '        if d_model % n_heads:\n'
+            '            raise ValueError(f"d_model {d_model} is not divisible by n_heads {n_heads}")\n', "",
+            BOTH["ex4"], "check d_model % n_heads == 0 in __init__"),
+    Mistake("mha_value_error_without_sizes", "ex4_answer",
+            'raise ValueError(f"d_model {d_model} is not divisible by n_heads {n_heads}")',
+            'raise ValueError("d_model must be divisible by n_heads")',
+            BOTH["ex4"], "say which sizes do not divide", e2e=False),
     # ---------------------------------------------------------------- inputs that must not change (issue 32)
     Mistake("attention_scales_query_in_place", "ex2_answer",
             "scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])",

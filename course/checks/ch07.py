@@ -942,8 +942,40 @@ def _greedy_rows(greedy_decode, model, src, max_len: int, want_first: int | None
                          "max_len is reached), then cut each row at its first EOS.")])
 
 
+def _chain(rng: random.Random | None) -> tuple[_TableSeq2Seq, list[int]]:
+    """A model whose most likely output is a chain of 3 to 6 ids, each next id with probability
+    0.9 (then EOS): (model, chain)."""
+    vocab, chain = 9, [3, 4, 5, 6]
+    if rng is not None:
+        vocab = rng.randrange(9, 31)
+        chain = rng.sample(range(3, vocab), rng.randrange(3, 7))
+    steps = [data.BOS, *chain]
+    table = {tuple(steps[:i + 1]): {nxt: 0.9} for i, nxt in enumerate(chain)} | {tuple(steps): {data.EOS: 0.9}}
+    return _TableSeq2Seq(vocab, table), chain
+
+
+_MAX_LEN = ("stop after max_len steps even when no EOS was produced: max_len bounds the generated ids (EOS "
+            "included), and the search must use the max_len it is given.")
+
+
+def _check_max_len(greedy_decode, beam_search, rng: random.Random | None) -> None:
+    """max_len bounds the generated ids: a chain longer than max_len comes back cut after max_len ids."""
+    model, chain = _chain(rng)
+    max_len = rng.randrange(1, len(chain)) if rng is not None else 2
+    src = torch.full((1, 3), 3)
+    hint = _MAX_LEN
+    if beam_search is None:
+        compare(list(call(greedy_decode, model, src, max_len, name="greedy_decode")[0]), chain[:max_len],
+                f"greedy_decode with max_len={max_len} on a model whose most likely output is {chain}", hint)
+    else:
+        compare(_beam(beam_search, greedy_decode, model, src, 2, max_len), chain[:max_len],
+                f"beam_search with beam_size=2 and max_len={max_len} on a model whose most likely output is {chain}",
+                hint)
+
+
 def check_greedy_decode(greedy_decode, hidden: bool = False) -> None:
     _greedy_rows(greedy_decode, _trap(), torch.ones(3, 4, dtype=torch.long), 10, want_first=_trap().A)
+    _check_max_len(greedy_decode, None, draw("greedy_decode/max_len", hidden).rng if hidden else None)
     if not hidden:
         return
     d = draw("greedy_decode", hidden)
@@ -967,7 +999,8 @@ def _beam(beam_search, greedy_decode, model, src, beam_size: int, max_len: int) 
     beam gives greedy decoding's result."""
     one = list(call(beam_search, model, src, 1, max_len, name="beam_search"))
     compare(one, list(call(greedy_decode, model, src, max_len)[0]), "beam_search with beam_size=1 (expected: what "
-            "greedy_decode gives)", "with one beam, beam search must reduce to greedy decoding.")
+            "greedy_decode gives)", "with one beam, beam search must reduce to greedy decoding.",
+            variants=[(when(lambda got: len(got) > max_len), _MAX_LEN)])
     best = list(call(beam_search, model, src, beam_size, max_len, name="beam_search"))
     expect(data.EOS not in best and data.BOS not in best, f"beam_search returned {best}, which contains BOS or EOS.",
            "strip BOS and EOS from the result.")
@@ -1044,6 +1077,7 @@ def _check_beam_search(beam_search, greedy_decode, hidden: bool) -> None:
     d = draw("capstone/beam_search", hidden)
     _beam_trap(beam_search, greedy_decode, _trap(), torch.ones(1, 4, dtype=torch.long), 10, 2)
     _check_scores_normalised(beam_search, greedy_decode, d.sub("unnormalised"))
+    _check_max_len(greedy_decode, beam_search, d.sub("max_len").rng if hidden else None)
     _check_length_trap(beam_search, greedy_decode, d.sub("length").rng if hidden else None)
     if not hidden:
         return

@@ -595,7 +595,8 @@ def _groups_case(param_groups, model: nn.Module, wd: float) -> None:
     expect(not flat, f"LayerNorm parameters or biases are in the decayed group ({', '.join(flat[:4])}).",
            "decay only matrices of nn.Linear layers: biases and norm gains are 1-D and should not be pulled to 0.")
     other = sorted(named[i][0] for i in decayed - linear_weights)
-    expect(not other, f"2-D parameters that are not nn.Linear weights are in the decayed group ({', '.join(other[:4])}).",
+    expect(not other, f"2-D parameters that are not nn.Linear weights are in the decayed group "
+                      f"({', '.join(other[:4])}).",
            "decide by the module, not by the shape: only the weights of nn.Linear layers are decayed; a bare "
            "nn.Parameter (a position table) or nn.MultiheadAttention's in_proj_weight stays in the second group.")
     missing = sorted(named[i][0] for i in linear_weights - embeddings - decayed)

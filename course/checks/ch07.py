@@ -363,10 +363,10 @@ def _check_model_dropout(build, builder: str, cfg, args: tuple, runs: dict, who:
     for what, run in runs.items():
         with torch.no_grad():
             first, second = run(model), run(model)
-        with own_fault():
-            expect(not matches(second, first, EXACT), f"{who} built with cfg.dropout=0.5 gave the same {what} twice "
-                   "for one input in training mode: nothing in it dropped out.",
-                   f"pass cfg.dropout on to every Block that {who} builds (Block(d_model, n_heads, cfg.dropout, ...)).")
+        # not own_fault: a Block that never drops out is exercise 1's fault, and earlier_first names it
+        expect(not matches(second, first, EXACT), f"{who} built with cfg.dropout=0.5 gave the same {what} twice "
+               "for one input in training mode: nothing in it dropped out.",
+               f"pass cfg.dropout on to every Block that {who} builds (Block(d_model, n_heads, cfg.dropout, ...)).")
     model.eval()
 
 
@@ -385,17 +385,17 @@ def _check_parameter_count(build, builder: str, cfg, args: tuple, fixed: tuple[i
     got, n = sum(p.numel() for p in model.parameters()), cfg.n_layers
     if got in {f + n * sum(stacks.values()) for f in fixed}:
         return
-    with own_fault():
-        for f in fixed:
-            for depths in itertools.product(range(9), repeat=len(stacks)):
-                if f + sum(k * size for k, size in zip(depths, stacks.values())) == got:
-                    found = ", ".join(f"{k} block(s) in {name}" for k, name in zip(depths, stacks))
-                    fail(f"{who} built with n_layers={n} has {got:,} parameters, the count of {found}.",
-                         f"build cfg.n_layers blocks in {' and in '.join(stacks)} "
-                         "(nn.ModuleList(Block(...) for _ in range(cfg.n_layers))), not a fixed number.")
-        fail(f"{who} built with d_model={cfg.d_model} and n_layers={n} has {got:,} parameters; the spec's parts "
-             f"have {fixed[0] + n * sum(stacks.values()):,}.",
-             f"{who} holds exactly {parts}, and cfg.n_layers blocks with the parameters of the spec's table.")
+    # not marked own_fault: a block of the wrong size is exercise 1's fault, and earlier_first names it
+    for f in fixed:
+        for depths in itertools.product(range(9), repeat=len(stacks)):
+            if f + sum(k * size for k, size in zip(depths, stacks.values())) == got:
+                found = ", ".join(f"{k} block(s) in {name}" for k, name in zip(depths, stacks))
+                fail(f"{who} built with n_layers={n} has {got:,} parameters, the count of {found}.",
+                     f"build cfg.n_layers blocks in {' and in '.join(stacks)} "
+                     "(nn.ModuleList(Block(...) for _ in range(cfg.n_layers))), not a fixed number.")
+    fail(f"{who} built with d_model={cfg.d_model} and n_layers={n} has {got:,} parameters; the spec's parts "
+         f"have {fixed[0] + n * sum(stacks.values()):,}.",
+         f"{who} holds exactly {parts}, and cfg.n_layers blocks with the parameters of the spec's table.")
 
 
 def _built_from_block(who: str, Block, hidden: bool) -> list:

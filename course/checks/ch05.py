@@ -925,6 +925,7 @@ def _accum_call(accumulate_gradients, model, micro, want: torch.Tensor, what: st
     with torch.no_grad():
         model.open_graphs.zero_()
         model.most_open_graphs.zero_()
+    weights = _cat(model.parameters())
     got = call(accumulate_gradients, model, OnceLoader(micro), name="accumulate_gradients")
     n = len(list(model.parameters()))
     expect(isinstance(got, (list, tuple)) and len(got) == n,
@@ -936,6 +937,9 @@ def _accum_call(accumulate_gradients, model, micro, want: torch.Tensor, what: st
            f"{what}: the right gradients came back, but the parameters' .grad do not hold them.",
            "the optimizer's step reads p.grad: divide the summed gradients in place (p.grad.div_(total)) "
            "and return copies of them.")
+    expect(matches(_cat(model.parameters()), weights, (0.0, 0.0)), f"{what}: the right gradients came back, but "
+           "the model's weights changed.", "accumulate_gradients only fills .grad: the optimizer's step, later, "
+           "updates the weights (the loop calls it once per accumulated batch).")
     held = int(model.most_open_graphs)
     expect(held <= 1, f"{what}: the right gradients came back, but it held the graphs of {held} micro-batches at once "
                       f"before calling backward.",

@@ -352,3 +352,8 @@ MISTAKES += [
 MISTAKES.append(Mistake("resume_state_dict_not_cloned", "ex9_answer",
                         '"model": {k: v.clone() for k, v in model.state_dict().items()}',
                         '"model": model.state_dict()', BOTH[9], "clone them into the checkpoint"))
+
+# ---- exercise 7: "do not update the model"
+MISTAKES.append(Mistake("accum_steps_the_model", "ex7_answer", "        p.grad.div_(total)\n",
+                        "        p.grad.div_(total)\n        p.data.add_(p.grad, alpha=-0.01)     # a step of SGD\n",
+                        BOTH[7], "accumulate_gradients only fills .grad"))

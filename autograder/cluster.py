@@ -10,9 +10,9 @@ grade with other tests), and bubblewrap for the sandbox.
 
 On the worker, the task grades as a local worker does (:mod:`autograder.workers`): its own
 sandbox and kernel per notebook, the verdicts decided by the trusted judge in the task's
-process, never in the kernel. It sends back the row, the feedback pages, the autograded
-notebooks and each test cell's score; the caller writes them into its ``--out`` and its
-gradebook, so the results look as if graded here.
+process, never in the kernel. It sends back its result (:class:`autograder.result.GradeResult`:
+the row, the feedback pages, the autograded notebooks and each test cell's score), which the
+caller records as it records every other runner's, so the results look as if graded here.
 
 A task whose worker or machine dies is sent again (at most ``workers.MAX_ATTEMPTS`` times,
 then the row says so); a row is written once, when its task's result arrives.
@@ -34,6 +34,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+from .result import failed
 from .rows import Found, GradeRow
 from .workers import KILL_ENV, MAX_ATTEMPTS
 
@@ -83,10 +84,8 @@ def _node_grader(payload: dict):
     return grader
 
 
-def grade_task(payload: dict) -> dict:
-    """Grade one submission on this machine; what the caller needs to record it."""
-    from nbgrader.api import Gradebook, MissingEntry
-
+def grade_task(payload: dict):
+    """Grade one submission on this machine: its :class:`~autograder.result.GradeResult`."""
     student, assignment, sid = payload["student"], payload["assignment"], payload["sid"]
     if payload["attempt"] == 0 and payload.get("kill") == f"{student}/{assignment}":
         os.kill(os.getpid(), signal.SIGKILL)        # testing hook: a worker that dies mid-task
@@ -102,27 +101,9 @@ def grade_task(payload: dict) -> dict:
                 (folder / name).symlink_to(content)
             else:
                 (folder / name).write_bytes(content)
-        row = grader.grade_entry(Found(student, assignment, folder=folder), sid)
-        autograded = grader.course_root / "autograded" / sid / assignment
-        feedback = grader.out / "feedback" / student / assignment
-        scores: dict[str, dict[str, float]] = {}
-        with Gradebook(grader.tree.db_url) as gb:
-            try:
-                for notebook in gb.find_submission(assignment, sid).notebooks:
-                    scores[notebook.name] = {g.name: float(g.auto_score or 0) for g in notebook.grades}
-            except MissingEntry:
-                pass
-        return {"row": dataclasses.replace(row, feedback=[]),
-                "autograded": {str(p.relative_to(autograded)): p.read_bytes()
-                               for p in sorted(autograded.rglob("*")) if p.is_file() and not p.is_symlink()},
-                "feedback": {str(p.relative_to(feedback)): p.read_bytes()
-                             for p in sorted(feedback.rglob("*")) if p.is_file()},
-                "scores": scores, "host": socket.gethostname()}
+        return grader.grade_submission(Found(student, assignment, folder=folder), sid)
     finally:
         shutil.rmtree(folder.parent, ignore_errors=True)
-        for leftover in (grader.course_root / "submitted" / sid, grader.course_root / "autograded" / sid,
-                         grader.course_root / "feedback" / sid, grader.out / "feedback" / student):
-            shutil.rmtree(leftover, ignore_errors=True)
 
 
 # ====================================================================== on the caller
@@ -155,43 +136,9 @@ def _needs_gpu(grader, assignment: str) -> bool:
     return False
 
 
-def record(grader, found, sid: str, result: dict):
-    """Write a task's result into the caller's ``--out`` and gradebook; the row."""
-    from nbgrader.api import Gradebook
-
-    row = result["row"]
-    if result["autograded"]:
-        folder = grader.course_root / "autograded" / sid / found.assignment
-        shutil.rmtree(folder, ignore_errors=True)
-        folder.mkdir(parents=True)
-        for name, content in result["autograded"].items():
-            target = (folder / name).resolve()
-            if folder.resolve() in target.parents:       # the notebooks and what they saved
-                target.parent.mkdir(parents=True, exist_ok=True)
-                target.write_bytes(content)
-    if result["scores"]:
-        with Gradebook(grader.tree.db_url) as gb:
-            gb.update_or_create_student(sid)
-            submission = gb.update_or_create_submission(found.assignment, sid)
-            for notebook in submission.notebooks:
-                for grade in notebook.grades:
-                    grade.auto_score = result["scores"].get(notebook.name, {}).get(grade.name, 0.0)
-                    grade.needs_manual_grade = False
-            gb.db.commit()
-    feedback = grader._feedback_dir(row)
-    shutil.rmtree(feedback, ignore_errors=True)
-    feedback.mkdir(parents=True)
-    for name, content in result["feedback"].items():
-        target = (feedback / name).resolve()
-        if feedback.resolve() in target.parents:      # pages only, inside the student's folder
-            target.parent.mkdir(parents=True, exist_ok=True)
-            target.write_bytes(content)
-            row.feedback.append(target)
-    return row
-
-
-def grade_on_cluster(grader, tasks: list, address: str) -> Iterator[tuple[object, object]]:
-    """Yield ``(found, row)`` for each ``(found, sid)`` of ``tasks`` as the cluster finishes them."""
+def grade_on_cluster(grader, tasks: list, address: str) -> Iterator[tuple[object, object, object]]:
+    """Yield ``(found, sid, result)`` for each ``(found, sid)`` of ``tasks`` as the cluster
+    finishes them; the caller records each result."""
     import ray
     from ray.exceptions import RayTaskError
 
@@ -221,19 +168,19 @@ def grade_on_cluster(grader, tasks: list, address: str) -> Iterator[tuple[object
             try:
                 result = ray.get(ready[0])
             except RayTaskError as err:     # the grader itself failed there: as a local failure
-                yield found, GradeRow(found.student, found.assignment, 0.0, grader._safe_max(found.assignment),
-                                      status="broken", notes=[f"the grader failed on a cluster worker: "
-                                                              f"{str(err).strip().splitlines()[-1][:300]}"])
+                yield found, sid, failed(GradeRow(
+                    found.student, found.assignment, 0.0, grader._safe_max(found.assignment), status="broken",
+                    notes=[f"the grader failed on a cluster worker: {str(err).strip().splitlines()[-1][:300]}"]))
                 continue
             except ray.exceptions.RayError:   # the worker or its machine died: send it again
                 if attempt + 1 < MAX_ATTEMPTS:
                     submit(found, sid, attempt + 1)
                     continue
-                yield found, GradeRow(found.student, found.assignment, 0.0, grader._safe_max(found.assignment),
-                                      status="broken", notes=[f"the cluster worker died {MAX_ATTEMPTS} times "
-                                                              f"while grading this submission"])
+                yield found, sid, failed(GradeRow(
+                    found.student, found.assignment, 0.0, grader._safe_max(found.assignment), status="broken",
+                    notes=[f"the cluster worker died {MAX_ATTEMPTS} times while grading this submission"]))
                 continue
-            yield found, record(grader, found, sid, result)
+            yield found, sid, result
     finally:
         for ref in pending:
             ray.cancel(ref, force=True)

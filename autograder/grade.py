@@ -45,6 +45,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import hashlib
+import itertools
 import json
 import os
 import re
@@ -63,6 +64,7 @@ from .runlog import (CSV_COLUMNS, OutputLocked, RunLog, code_fingerprint, finger
                      write_atomic)
 from .settings import GradingSettings
 from .submission import inspect_submission, normalize_cells, restore_deleted_cells
+from .result import WORK_DIR, GradeResult, collect, copy_tree, record
 from .rows import Found, GradeRow  # noqa: F401 - Found: part of the API
 from .tamper import REVIEW, scan_file
 
@@ -225,8 +227,12 @@ class Grader:
             if (self.out / name).exists():
                 shutil.rmtree(self.out / name)
 
-    def attach_tree(self, assignments: list[str], worker: int | None = None, threads: int | None = None) -> None:
-        """Open the course tree that the main process generated (in a parallel worker)."""
+    def attach_tree(self, assignments: list[str], source: Path, worker: int | None = None,
+                    threads: int | None = None) -> None:
+        """Grade in a copy of the course tree that the run's process generated at ``source`` (its
+        ``nbgrader/`` folder): what nbgrader writes while grading stays in the copy, and comes
+        back as data (:meth:`grade_submission`) for that process to record."""
+        copy_tree(Path(source), self.course_root)
         self.tree = CourseTree(self.course_root, self.solutions_dir, self.settings, worker=worker, threads=threads)
         for assignment in assignments:
             self.tree.attach(assignment)
@@ -276,6 +282,7 @@ class Grader:
         except SetupFailed as err:       # the grader's own fault, found in a student's kernel
             raise GraderBroken(str(err)) from None
         finally:
+            shutil.rmtree(self.out / WORK_DIR, ignore_errors=True)
             log.release()
 
     def _grade_all(self, submissions: Path, log: RunLog, show_progress: bool) -> list[GradeRow]:
@@ -375,28 +382,34 @@ class Grader:
         return start_pool(self, self.workers, sum(1 for f in pending if not f.status))
 
     def _graded(self, pending: list[Found]):
-        """``(found, row)`` for each pending entry, in one process or in ``workers``."""
-        to_grade = [f for f in pending if not f.status]
-        if to_grade and (self.cluster or self._parallel(pending)):
-            for found in pending:
-                if found.status:
-                    yield found, self.grade_entry(found)
-            tasks = [(f, self.student_id(f.student)) for f in self._longest_first(to_grade)]
-            with Gradebook(self.tree.db_url) as gb:   # once, here: workers creating one student race
-                for sid in sorted({sid for _, sid in tasks}):
-                    gb.update_or_create_student(sid)
-            if self.cluster:
-                from .cluster import grade_on_cluster
+        """``(found, row)`` for each pending entry: each is graded into a result in a course tree
+        of its own (here, in local workers or on a cluster) and recorded into ``--out`` here."""
+        tasks = [(f, None if f.status else self.student_id(f.student)) for f in self._longest_first(pending)]
+        to_grade = [(f, sid) for f, sid in tasks if sid is not None]
+        if to_grade and self.cluster:
+            from .cluster import grade_on_cluster
 
-                yield from grade_on_cluster(self, tasks, self.cluster)
-            else:
-                from .workers import grade_in_parallel
+            results = itertools.chain(self._here([t for t in tasks if t[1] is None]),
+                                      grade_on_cluster(self, to_grade, self.cluster))
+        elif self._parallel(pending):
+            from .workers import grade_in_parallel
 
-                pool, self._pool = self._pool, None
-                yield from grade_in_parallel(self, tasks, self.workers, pool)
+            pool, self._pool = self._pool, None
+            results = grade_in_parallel(self, tasks, self.workers, pool)
+        else:
+            results = self._here(tasks)
+        for found, sid, result in results:
+            yield found, record(self, found, sid, result)
+
+    def _here(self, tasks: list[tuple[Found, str | None]]):
+        """``(found, sid, result)`` for each task, graded in this process in a tree of its own."""
+        if not tasks:
             return
-        for found in pending:
-            yield found, self.grade_entry(found)
+        workspace = type(self)(self.solutions_dir, self.out / WORK_DIR / "here", self.settings)
+        workspace.attach_tree(sorted({f.assignment for f, _ in tasks if f.assignment in self.assignments}),
+                              self.course_root)
+        for found, sid in tasks:
+            yield found, sid, workspace.grade_submission(found, sid)
 
     def _longest_first(self, found: list[Found]) -> list[Found]:
         """The submissions whose notebooks declare the most time first (the capstone's
@@ -404,6 +417,12 @@ class Grader:
         worker busy long after the others ran out of work. The CSV is sorted anyway."""
         declared = {a: self.tree.declared_seconds(a) for a in {f.assignment for f in found}}
         return sorted(found, key=lambda f: -declared[f.assignment])
+
+    def grade_submission(self, found: Found, sid: str | None = None) -> GradeResult:
+        """One entry of the submissions folder graded in this grader's own tree, as data (the
+        tree keeps nothing of it): the one path from a submission to its result, whichever
+        runner calls it."""
+        return collect(self, found, sid, self.grade_entry(found, sid))
 
     def grade_entry(self, found: Found, sid: str | None = None) -> GradeRow:
         """The row of one entry; a failure of the grader itself makes a ``broken`` row."""
@@ -481,10 +500,6 @@ class Grader:
 
         with remote.doubt_kernel_rules(doubts):
             result = self.tree.api.autograde(assignment, sid, force=True, create=True)
-            for _ in range(3):   # parallel workers: SQLite may still be busy after its own wait
-                if result.get("success") or "database is locked" not in nbgrader_error(result):
-                    break
-                result = self.tree.api.autograde(assignment, sid, force=True, create=True)
         if not result.get("success"):
             row.status = "broken"
             row.notes.append("nbgrader could not grade it: " + nbgrader_error(result))

@@ -1,12 +1,12 @@
 """Grading several submissions at once, each worker a process of its own.
 
 The main process generates the nbgrader course tree once; each worker (spawned, never
-forked: the grader holds threads and sockets) opens that tree and grades whole submissions,
-with its own sandbox and kernel per notebook and its own trusted judge. A pre-started kernel
-is never shared: every notebook still gets a fresh sandbox. The gradebook (SQLite, in
-write-ahead-log mode) takes the workers' short writes one at a time. Rows come back to the
-main process, which writes ``grades.csv`` as each arrives and sorts it at the end, so the
-CSV and every score are those of one worker; only the order of the terminal lines differs.
+forked: the grader holds threads and sockets) grades whole submissions in a copy of that
+tree of its own, with its own sandbox and kernel per notebook and its own trusted judge. A
+pre-started kernel is never shared: every notebook still gets a fresh sandbox. Each result
+comes back to the main process, the only one that writes ``--out``, the gradebook and
+``grades.csv`` (:func:`autograder.result.record`), as each arrives; the CSV is sorted at the
+end, so every score is that of one worker; only the order of the terminal lines differs.
 
 Cores are shared out: each worker's kernels and judge get ``cores // workers`` threads.
 As root, each kernel runs under a user id that no other live sandbox on the machine holds
@@ -30,16 +30,18 @@ from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 
+from .result import WORK_DIR, failed
 from .rows import GradeRow
 
 MAX_ATTEMPTS = 3
-RUNNING_DIR = ".grading-workers"     # in --out: which submission each live worker holds
+RUNNING_DIR = WORK_DIR      # in --out: which submission each live worker holds, and its own tree
 # Testing hook: a worker kills itself (SIGKILL) the first time it starts this
 # "student/assignment", to show that a dead worker loses no row.
 KILL_ENV = "COURSE_GRADER_KILL_WORKER"
 
-_grader = None      # the worker process's own Grader
+_grader = None      # the worker process's own Grader, grading in its own copy of the tree
 _running: Path | None = None
+_source: Path | None = None     # the tree the main process generated
 _number = 0         # the worker's number
 _threads = 1
 
@@ -81,22 +83,22 @@ def _start_worker(make_grader, solutions_dir: Path, out: Path, settings, numbers
     import torch
 
     torch.set_num_threads(threads)
-    global _grader, _running, _number, _threads
-    _grader = make_grader(solutions_dir, out, settings)
-    _number, _threads = numbers.get(), threads
+    global _grader, _running, _number, _threads, _source
     _running = Path(out) / RUNNING_DIR
     _running.mkdir(exist_ok=True)
+    _grader = make_grader(solutions_dir, _running / str(os.getpid()), settings)
+    _number, _threads, _source = numbers.get(), threads, Path(out) / "nbgrader"
 
 
-def _grade_task(found, sid: str, attempt: int, assignments: list[str]):
-    if _grader.tree is None:        # the tree the main process generated, opened once
-        _grader.attach_tree(assignments, worker=_number, threads=_threads)
+def _grade_task(found, sid: str | None, attempt: int, assignments: list[str]):
+    if _grader.tree is None:        # a copy of the tree the main process generated, made once
+        _grader.attach_tree(assignments, _source, worker=_number, threads=_threads)
     marker = _running / f"{os.getpid()}.json"
     marker.write_text(json.dumps(list(found.key)), encoding="utf-8")
     if attempt == 0 and os.environ.get(KILL_ENV) == f"{found.student}/{found.assignment}":
         os.kill(os.getpid(), signal.SIGKILL)
     try:
-        return _grader.grade_entry(found, sid)
+        return _grader.grade_submission(found, sid)
     finally:
         marker.unlink(missing_ok=True)
 
@@ -135,9 +137,9 @@ def _ready() -> None:
 
 
 def grade_in_parallel(grader, tasks: list, workers: int,
-                      pool: ProcessPoolExecutor | None = None) -> Iterator[tuple[object, object]]:
-    """Yield ``(found, row)`` for each ``(found, sid)`` of ``tasks`` as workers finish them
-    (in ``pool`` if one was started early; a fresh pool after a worker died)."""
+                      pool: ProcessPoolExecutor | None = None) -> Iterator[tuple[object, object, object]]:
+    """Yield ``(found, sid, result)`` for each ``(found, sid)`` of ``tasks`` as workers finish
+    them (in ``pool`` if one was started early; a fresh pool after a worker died)."""
 
     attempts: dict[tuple[str, str], int] = {}
     queue = list(tasks)
@@ -154,16 +156,17 @@ def grade_in_parallel(grader, tasks: list, workers: int,
                 for future in done:
                     found, sid = futures[future]
                     try:
-                        row = future.result()
+                        result = future.result()
                     except BrokenProcessPool:
                         broken = True
                         queue.append((found, sid))
                         continue
                     except Exception as err:   # the worker could not start: grade nothing in it
-                        row = GradeRow(found.student, found.assignment, 0.0, grader._safe_max(found.assignment),
-                                       status="broken", notes=[f"the grading worker failed: "
-                                                               f"{type(err).__name__}: {str(err)[:300]}"])
-                    yield found, row
+                        result = failed(GradeRow(found.student, found.assignment, 0.0,
+                                                 grader._safe_max(found.assignment), status="broken",
+                                                 notes=[f"the grading worker failed: "
+                                                        f"{type(err).__name__}: {str(err)[:300]}"]))
+                    yield found, sid, result
             finished = True
         finally:
             _shutdown(pool, now=broken or not finished)
@@ -176,9 +179,9 @@ def grade_in_parallel(grader, tasks: list, workers: int,
                 attempts[found.key] = attempts.get(found.key, 0) + 1
                 if attempts[found.key] >= MAX_ATTEMPTS:
                     queue.remove((found, sid))
-                    yield found, GradeRow(found.student, found.assignment, 0.0, grader._safe_max(found.assignment),
-                                          status="broken", notes=[f"the grading worker died {MAX_ATTEMPTS} times "
-                                                                  f"while grading this submission"])
+                    yield found, sid, failed(GradeRow(
+                        found.student, found.assignment, 0.0, grader._safe_max(found.assignment), status="broken",
+                        notes=[f"the grading worker died {MAX_ATTEMPTS} times while grading this submission"]))
     shutil.rmtree(Path(grader.out) / RUNNING_DIR, ignore_errors=True)
 
 

@@ -54,6 +54,23 @@ STUDENT = textwrap.dedent('''
 
     def gelu_by_hand(x):
         return 0.5 * x * (1 + torch.erf(x / 2 ** 0.5))
+
+    # Sums over axis 1 of a (2, 3, 4) tensor; all but the last move the axis to the end and back.
+    def sum_by_T(x):
+        return x.T.sum(-2, keepdim=True).T
+
+    def sum_by_mT(x):
+        return x.mT.sum(-1, keepdim=True).mT
+
+    def sum_by_operator_registry(x):
+        moved = torch.ops.aten.permute(x, [0, 2, 1])
+        return torch.ops.aten.permute(moved.sum(-1, keepdim=True), [0, 2, 1])
+
+    def sum_by_einsum(x):
+        return torch.einsum("abc->acb", x).sum(-1, keepdim=True).movedim(-1, 1)
+
+    def sum_in_place(x):
+        return x.sum(1, keepdim=True)
 ''')
 
 CALL_EMBEDDING = """
@@ -80,6 +97,14 @@ CALL_BACKWARD = """
         print({name}(torch.tensor([0, 2, 2]), torch.ones(3, 4), 3).sum().item())
 """
 
+CALL_MOVES = """
+    from course.checks import ch04
+    from course.checks._core import forbid
+    x = torch.arange(24.0).reshape(2, 3, 4)
+    with forbid(*ch04._MOVES, exercise="a sum along axis 1 without moving it"):
+        print({name}(x).flatten().tolist() == x.sum(1, keepdim=True).flatten().tolist())
+"""
+
 
 @pytest.fixture()
 def judge(tmp_path):
@@ -103,13 +128,30 @@ def test_every_route_to_a_forbidden_builtin_fails_with_the_shortcut_hint(judge, 
         judge(cell.format(name=name))
     message = str(failure.value)
     assert caught in message, message
-    assert "Likely mistake: calling the built-in" in message
+    assert "Likely mistake: calling the built-in" in message and "is a built-in that does that work" in message
     assert isinstance(failure.value, ShortcutUsed)        # its kind survives the way back from the kernel
+
+
+@pytest.mark.parametrize("name, caught", [
+    ("sum_by_T", "Tensor.permute (reached as torch's permute operator)"),
+    ("sum_by_mT", "Tensor.transpose (reached as torch's transpose operator)"),
+    ("sum_by_operator_registry", "Tensor.permute (reached as torch's permute operator)"),
+    ("sum_by_einsum", "Tensor.permute (reached as torch's permute operator)"),
+])
+def test_an_axis_move_is_stopped_by_every_route_with_a_reason_true_of_it(judge, name, caught):
+    """Moving an axis is forbidden for what it does (a copy), not because it is an oracle: the
+    message says so, and names the operator that ran."""
+    with pytest.raises(ShortcutUsed) as failure:
+        judge(CALL_MOVES.format(name=name))
+    message = str(failure.value)
+    assert caught in message, message
+    assert "moves an axis" in message and "oracle" not in message, message
 
 
 @pytest.mark.parametrize("cell, name, printed", [
     (CALL_EMBEDDING, "by_hand", "[0.0, 6.0, 0.0, 0.0, 3.0]"),
     (CALL_GELU, "gelu_by_hand", "True"),
+    (CALL_MOVES, "sum_in_place", "True"),
 ])
 def test_an_answer_by_hand_passes_and_the_graders_backward_still_runs(judge, cell, name, printed):
     assert judge(cell.format(name=name)).strip() == printed

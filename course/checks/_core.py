@@ -317,7 +317,16 @@ OPERATORS = {
     "native_layer_norm": ("native_layer_norm",),
     "group_norm": ("native_group_norm",), "cross_entropy": ("nll_loss_forward", "nll_loss2d_forward"),
     "nll_loss": ("nll_loss_forward", "nll_loss2d_forward"),
+    # Moving an axis: .T, einsum("abc->cba") and torch.ops.aten.permute run permute; .mT, .H, .t() run transpose or t.
+    **dict.fromkeys(("permute", "movedim", "moveaxis"), ("permute", "permute_copy")),
+    **dict.fromkeys(("transpose", "swapaxes", "swapdims"), ("transpose", "transpose_", "transpose_copy", "t", "t_")),
 }
+# What is true of a blocked route, by its attribute, where it is not a built-in doing the exercise's work.
+WHY_BLOCKED = dict.fromkeys(
+    ("permute", "movedim", "moveaxis", "transpose", "swapaxes", "swapdims"),
+    "moves an axis, and the spec asks for the work done along the axis where it is (reductions with dim=..., "
+    "keepdim=True; a weight viewed to broadcast along that axis), not on a copy moved to the end and back.")
+DOES_THE_WORK = "is a built-in that does that work for you."
 # Forbidding any of these forbids running a backward pass inside the block.
 AUTOGRAD = {("torch:Tensor", "backward"), ("torch.autograd", "grad"), ("torch.autograd", "backward")}
 
@@ -330,6 +339,7 @@ class Forbidden:
     def __init__(self, targets, exercise: str) -> None:
         self.targets, self.exercise = list(targets), exercise
         self.labels = {(_path_of(o), a): f"{getattr(o, '__name__', o)}.{a}" for o, a in self.targets}
+        # The last target that runs an operator names it.
         self.operators = {op: label for (_, attr), label in self.labels.items() for op in OPERATORS.get(attr, ())}
         self.backward = "autograd" if AUTOGRAD & set(self.labels) else None
         self.used = ""
@@ -340,7 +350,13 @@ class Forbidden:
         """``label`` names the built-in, and the route when it was not called by its name."""
         return (f"{label} was called, but this exercise asks you to write {self.exercise} yourself.\n"
                 f"Likely mistake: calling the built-in {label}; this exercise asks you to write "
-                f"{self.exercise} yourself (the built-in is the oracle the tests compare against).")
+                f"{self.exercise} yourself, and {self.why(label)}")
+
+    def why(self, label: str) -> str:
+        """What is true of the route ``label`` names (``Tensor.movedim (reached as ...)``): a sentence."""
+        name = label.split(" (")[0]
+        attr = next((a for (_, a), shown in self.labels.items() if shown == name), "")
+        return f"{name} {WHY_BLOCKED.get(attr, DOES_THE_WORK)}"
 
     def stop(self, label: str) -> None:
         """Record the first built-in used (the grader reads it even if the error is swallowed)."""

@@ -26,8 +26,7 @@ import torch.nn.functional as F
 
 from ._core import CheckFailed, call, earlier_answers, earlier_first, expect_tensor, forbid, judge_prediction
 from ._core import meta_table, one_thread as _one_thread
-from ._vocabulary import compare, draw, expect, fail, matches, when
-from .ch02 import judge_configured
+from ._vocabulary import compare, draw, expect, fail, judge_configured, matches, when
 from .ch03 import _rope_complex
 
 # ----------------------------------------------------------------------------- helpers
@@ -37,9 +36,10 @@ _ACTIVATIONS = ((F, "gelu"), (F, "silu"))
 _NORMS = ((F, "layer_norm"), (F, "rms_norm"), (torch, "layer_norm"), (torch, "rms_norm"), (torch, "native_layer_norm"),
           (F, "group_norm"), (torch, "group_norm"))
 # RMSNorm's spec: the axis is normalised where it is, not moved to the end and back (two copies). By name:
-# the Tensor methods and torch functions that move an axis.
+# the Tensor methods and torch functions that move an axis; at torch's dispatcher, the permute and transpose
+# operators (.T, .mT, torch.ops.aten.permute), named after Tensor.permute and Tensor.transpose, the last here.
 _MOVES = tuple((owner, name) for owner in (torch, torch.Tensor)
-               for name in ("movedim", "moveaxis", "permute", "transpose", "swapaxes", "swapdims"))
+               for name in ("movedim", "moveaxis", "swapaxes", "swapdims", "permute", "transpose"))
 _LOW = (torch.bfloat16, torch.float16)
 
 

@@ -325,6 +325,26 @@ MISTAKES = [
             "        y = x32 * torch.rsqrt(x32.pow(2).mean(dim=-1, keepdim=True) + self.eps)\n"
             "        return (y * self.weight).to(x.dtype).movedim(-1, self.dim)\n",
             BOTH["ex5"], "calling the built-in Tensor.movedim"),
+    # The same move by routes no name blocks: torch's operator registry, and .mT (the axis is -2 in most cases).
+    Mistake("rms_norm_moves_the_axis_through_aten", "ex5_answer",
+            "        x32 = x.float()\n"
+            "        y = x32 * torch.rsqrt(x32.pow(2).mean(dim=self.dim, keepdim=True) + self.eps)\n",
+            "        order = list(range(x.dim()))\n"
+            "        order.append(order.pop(self.dim))\n"
+            "        back = sorted(range(x.dim()), key=order.__getitem__)\n"
+            "        x32 = torch.ops.aten.permute(x.float(), order)\n"
+            "        y = x32 * torch.rsqrt(x32.pow(2).mean(dim=-1, keepdim=True) + self.eps)\n"
+            "        return torch.ops.aten.permute((y * self.weight).to(x.dtype), back)\n",
+            BOTH["ex5"], "Tensor.permute moves an axis", e2e=False),
+    Mistake("rms_norm_moves_the_axis_by_mT", "ex5_answer",
+            "        x32 = x.float()\n"
+            "        y = x32 * torch.rsqrt(x32.pow(2).mean(dim=self.dim, keepdim=True) + self.eps)\n",
+            "        moved = self.dim % x.dim() == x.dim() - 2\n"
+            "        x32 = x.float().mT if moved else x.float()\n"
+            "        y = x32 * torch.rsqrt(x32.pow(2).mean(dim=-1 if moved else self.dim, keepdim=True) + self.eps)\n"
+            "        if moved:\n"
+            "            return (y * self.weight).to(x.dtype).mT\n",
+            BOTH["ex5"], "Tensor.transpose moves an axis", e2e=False),
     # ---------------------------------------------------------------- found by honest attempts
     Mistake("silu_computed_in_float32", "ex1_answer", "return x * torch.sigmoid(x)",
             "x32 = x.float()\n    return x32 * torch.sigmoid(x32)", BOTH["ex1"], "without converting the result back"),

@@ -111,3 +111,28 @@ def test_compare_reports_the_worst_entry_past_equal_infinities():
     with pytest.raises(CheckFailed) as caught:
         compare(torch.tensor([float("-inf"), 3.0, float("inf")]), want, "mask", "hint")
     assert "largest difference 2 at index 1" in caught.value.what
+
+
+def _judge_square(config, value):
+    compare(value, float(config[0] ** 2), f"square({config[0]})", "multiply the side by itself.")
+
+
+@pytest.mark.parametrize("predict, hint", [
+    (lambda side: float(side * side), None),
+    (lambda side: 9.0, "the same number for every configuration is a value read off one case"),
+    (lambda side: float(torch.tensor(float(side)).square()), "it is a prediction"),
+    (lambda side: float(side * 2), "multiply the side by itself."),
+])
+def test_judge_configured_runs_a_prediction_unmeasured_and_names_a_constant(predict, hint):
+    """A prediction is judged on every configuration; one number for all of them (the notebook's
+    measurement) gets its own hint, a tensor operation stops it."""
+    from course.checks._vocabulary import judge_configured
+
+    run = lambda: judge_configured("square", predict, [(3,), (4,), (7,)], lambda side: float(side ** 2),  # noqa: E731
+                                   _judge_square, lambda config: f"side {config[0]}")
+    if hint is None:
+        run()
+        return
+    with pytest.raises(CheckFailed) as caught:
+        run()
+    assert hint in str(caught.value), str(caught.value)

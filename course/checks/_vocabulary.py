@@ -11,6 +11,8 @@
   mistake would have produced) that the result matches.
 - :func:`fail` raises :class:`CheckFailed` with its parts as fields (``what``, ``hint``,
   ``blamed``): nothing reads a failure back from its text.
+- :func:`judge_configured` judges a "predict" function: run on configurations with no tensor
+  operation allowed, each value judged, a number repeated for every configuration named.
 
 Example, a check of ``double(x)``::
 
@@ -34,7 +36,7 @@ from typing import Any, Callable, Iterable, Iterator, NoReturn
 
 import torch
 
-from ._core import CheckFailed, capped
+from ._core import CheckFailed, call, capped, unmeasured
 
 # (atol, rtol) by the dtype of the expected value: what rounding in that dtype allows.
 TOLERANCE = {
@@ -196,3 +198,30 @@ def _tensor_difference(got: Any, want: torch.Tensor) -> str:
     where = at[0] if len(at) == 1 else at
     return (f"largest difference {diff.max().item():.3g} at index {where} "
             f"(got {a.flatten()[worst].item():.6g}, expected {b.flatten()[worst].item():.6g}).")
+
+
+# ----------------------------------------------------------------------------- predictions
+
+def judge_configured(name: str, predict: Callable, configs: list[tuple], answer: Callable[..., float],
+                     judge: Callable[[tuple, Any], None], shown: Callable[[tuple], str]) -> None:
+    """A prediction computed from its configuration: ``predict(*config)`` for each config, under
+    :func:`unmeasured`, then ``judge(config, value)``. An answer that gives one value for configurations
+    whose answers differ is a number read off one case (the notebook's measurement): that is its hint."""
+    values = []
+    for config in configs:
+        with unmeasured(name):
+            values.append(call(predict, *config, name=f"{name}({shown(config)})"))
+    for config, value in zip(configs, values):
+        try:
+            judge(config, value)
+        except CheckFailed:
+            number = isinstance(values[0], (int, float)) and not isinstance(values[0], bool)
+            same = number and all(repr(v) == repr(values[0]) for v in values)   # not a wrong type or None
+            if not same or len({answer(*c) for c in configs}) < 2:
+                raise
+            cases = "; ".join(f"{shown(c)} (expected {answer(*c):.6g})" for c in configs[:3])
+            fail(f"{name} returned {values[0]!r} for every configuration it was given: {cases}"
+                 f"{f' and {len(configs) - 3} more' if len(configs) > 3 else ''}.",
+                 "the same number for every configuration is a value read off one case (the notebook's "
+                 f"measurement, or the worked example), not a prediction: compute it from the arguments {name} "
+                 "receives, with plain arithmetic.")

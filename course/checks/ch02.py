@@ -21,8 +21,8 @@ import torch
 import torch.nn as nn
 
 from ._core import (CheckFailed, call, earlier_answers, earlier_first, expect_tensor, judge_prediction, not_written,
-                    own_fault, unmeasured)
-from ._vocabulary import TOLERANCE, Draw, compare, diagnose, draw, expect, fail, matches, when
+                    own_fault)
+from ._vocabulary import TOLERANCE, Draw, compare, diagnose, draw, expect, fail, judge_configured, matches, when
 
 F32, F64, F16, BF16 = torch.float32, torch.float64, torch.float16, torch.bfloat16
 
@@ -852,31 +852,6 @@ def reach_answer(slope: float, threshold: float) -> int:
 
 
 REACH_ANSWER = reach_answer(REACH_SLOPE, REACH_THRESHOLD)       # 37: e^(-d/8) < 1/100 from d = 36.84
-
-
-def judge_configured(name: str, predict: Callable, configs: list[tuple], answer: Callable[..., float],
-                     judge: Callable[[tuple, Any], None], shown: Callable[[tuple], str]) -> None:
-    """A prediction computed from its configuration: ``predict(*config)`` for each config, under
-    :func:`unmeasured`, then ``judge(config, value)``. An answer that gives one value for configurations
-    whose answers differ is a number read off one case (the notebook's measurement): that is its hint."""
-    values = []
-    for config in configs:
-        with unmeasured(name):
-            values.append(call(predict, *config, name=f"{name}({shown(config)})"))
-    for config, value in zip(configs, values):
-        try:
-            judge(config, value)
-        except CheckFailed:
-            number = isinstance(values[0], (int, float)) and not isinstance(values[0], bool)
-            same = number and all(repr(v) == repr(values[0]) for v in values)   # not a wrong type or None
-            if not same or len({answer(*c) for c in configs}) < 2:
-                raise
-            cases = "; ".join(f"{shown(c)} (expected {answer(*c):.6g})" for c in configs[:3])
-            fail(f"{name} returned {values[0]!r} for every configuration it was given: {cases}"
-                 f"{f' and {len(configs) - 3} more' if len(configs) > 3 else ''}.",
-                 "the same number for every configuration is a value read off one case (the notebook's "
-                 f"measurement, or the worked example), not a prediction: compute it from the arguments {name} "
-                 "receives, with plain arithmetic.")
 
 
 def _reach_oracle(slopes: torch.Tensor, threshold: float, n_keys: int, ratio: bool = True, shift: int = 0,

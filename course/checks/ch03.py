@@ -20,8 +20,7 @@ import torch.nn.functional as F
 from ._core import CheckFailed, call, earlier_answers, earlier_first, expect_tensor, forbid, judge_prediction
 from ._core import one_thread as _one_thread
 from ._recorders import LargestTensor as _LargestTensor
-from ._vocabulary import compare, diagnose, draw, expect, fail, matches, when
-from .ch02 import judge_configured
+from ._vocabulary import compare, diagnose, draw, expect, fail, judge_configured, matches, when
 
 # ----------------------------------------------------------------------------- helpers
 

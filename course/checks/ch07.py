@@ -56,7 +56,8 @@ def _bumped(ids: torch.Tensor, at: int, low: int, vocab: int) -> torch.Tensor:
 
 # name -> (chapter, exercise there, runner(tools, hidden) calling that chapter's own check)
 _TOOLS = {
-    "lr_at": (5, 5, lambda t, h: ch05.check_lr_at(t["lr_at"], hidden=h)),
+    # the capstone's lr_at has the book's signature (no decay_steps, no stable phase): only those schedules
+    "lr_at": (5, 5, lambda t, h: ch05.check_lr_at(t["lr_at"], hidden=h, stable_phase=False)),
     "param_groups": (5, 4, lambda t, h: ch05.check_param_groups(t["param_groups"], hidden=h)),
     "clip_grad_norm": (5, 6, lambda t, h: ch05.check_clip_grad_norm(t["clip_grad_norm"], hidden=h)),
     "process_logits": (6, 1, lambda t, h: ch06.check_process_logits(t["process_logits"], hidden=h)),

@@ -66,6 +66,13 @@ MISTAKES = [
             "return max_lr * step / warmup_steps", TOOLS + EX2, "warm-up counts from step + 1"),
     Mistake("train_blames_lr_at", "tools_answer", "return max_lr * (step + 1) / warmup_steps",
             "return max_lr * step / warmup_steps", EX2, "train calls your lr_at from chapter 5"),
+    # A slip only a long warm-up shows (the drawn schedules of the hidden look, not chapter 5's own cases): the
+    # capstone's lr_at has no decay_steps, so the hint is the schedule's, not "add decay_steps" (issue 32).
+    Mistake("tool_lr_at_long_warmup_slip", "tools_answer",
+            "    progress = (step - warmup_steps) / (max_steps - warmup_steps)\n",
+            "    progress = (step - warmup_steps) / (max_steps - warmup_steps)\n"
+            "    progress = progress * 0.9 if warmup_steps > 10 else progress\n",
+            ("tools_hidden",), "with p = (step - warmup) / (max_steps - warmup), then min_lr"),
     Mistake("tool_cosine_to_zero", "tools_answer",
             "return min_lr + 0.5 * (1 + math.cos(math.pi * progress)) * (max_lr - min_lr)",
             "return 0.5 * (1 + math.cos(math.pi * progress)) * max_lr", TOOLS + EX2, "the cosine decays to min_lr"),

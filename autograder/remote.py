@@ -58,21 +58,25 @@ class StudentCodeError(RuntimeError):
 
 
 # Findings of the static scan that can switch off a rule the kernel enforces (set per
-# submission by the grader: one submission at a time per grading process).
+# submission by the grader: one submission at a time per grading process), and the rules the
+# current test cell relied on while they were in doubt.
 _DOUBTS: list[str] = []
+_DOUBTED: set[str] = set()
 
 
 @contextlib.contextmanager
 def doubt_kernel_rules(notes: list[str]) -> Iterator[None]:
     """While the block grades a submission whose code can switch off the rules a check sets up
-    in the kernel (``notes``: the scan's findings, see :mod:`autograder.tamper`), every test
-    that relies on such a rule fails with the first finding as its reason: what the kernel
-    reports of a forbidden built-in or a recorded size cannot be trusted."""
+    in the kernel (``notes``: the scan's findings, see :mod:`autograder.tamper`), a test that
+    relies on such a rule cannot pass: what the kernel reports of a forbidden built-in or a
+    recorded size cannot be trusted. A test that fails on its own keeps its own verdict and
+    hint (:func:`run_judged`); one that would pass fails with the first finding as its reason."""
     _DOUBTS[:] = list(notes)
     try:
         yield
     finally:
         _DOUBTS.clear()
+        _DOUBTED.clear()
 
 
 _RULES = {"course.checks._core:forbid_names": "a built-in it forbids",
@@ -80,17 +84,25 @@ _RULES = {"course.checks._core:forbid_names": "a built-in it forbids",
           "course.checks._recorders:LargestTensor": "a record of the largest tensor your code makes"}
 
 
-def _refuse_doubted_rules(contexts: list) -> None:
-    if not (contexts and _DOUBTS):
+def _note_doubted_rules(contexts: list) -> None:
+    if contexts and _DOUBTS:
+        _DOUBTED.update(_RULES.get(factory, factory) for _, factory, *_ in contexts)
+
+
+def _refuse_a_pass_under_doubt() -> None:
+    """Called when a test cell passed: it fails if it relied on a rule in doubt."""
+    if not _DOUBTED:
         return
     from course.checks import CheckFailed
 
     finding = _DOUBTS[0].removeprefix("review:").strip()
-    rules = ", ".join(sorted({_RULES.get(factory, factory) for _, factory, *_ in contexts}))
-    raise CheckFailed(f"This test relies on a rule the grader sets up in your kernel ({rules}), and your code "
-                      f"can switch such rules off ({finding}); it scores nothing until an instructor reviews it.\n"
-                      f"Likely mistake: {finding}. An answer needs only torch's public functions: take that out "
-                      f"and this test counts again.")
+    rules = ", ".join(sorted(_DOUBTED))
+    _DOUBTED.clear()
+    raise CheckFailed.of(f"This test relies on a rule the grader sets up in your kernel ({rules}), and your "
+                         f"code can switch such rules off ({finding}); it scores nothing until an instructor "
+                         f"reviews it.",
+                         f"{finding}. An answer needs only torch's public functions: take that out and this "
+                         f"test counts again.")
 
 
 class Channel:
@@ -132,7 +144,7 @@ class Channel:
         request_path = self.io_dir / f"request-{self.count}.pkl"
         reply_path = self.io_dir / f"reply-{self.count}.pt"
         contexts = probe.active_contexts()
-        _refuse_doubted_rules(contexts)
+        _note_doubted_rules(contexts)
         kwargs = kwargs or {}
         originals = probe.tensor_leaves((args, kwargs))
         payload = {"op": op, "target": target, "args": self._mirrored(args), "kwargs": self._mirrored(kwargs),
@@ -597,11 +609,14 @@ def run_judged(source: str, channel: Channel, imports: str, cwd: Path) -> str:
     namespace = TrustedNamespace(channel, imports)
     printed = io.StringIO()
     previous = os.getcwd()
+    _DOUBTED.clear()
     try:
         os.chdir(cwd)
         with contextlib.redirect_stdout(printed):
             code = compile(source, "<test cell>", "exec")
             exec(code, {"__builtins__": builtins}, namespace)  # noqa: S102 - the course's test code
+        _refuse_a_pass_under_doubt()
     finally:
         os.chdir(previous)
+        _DOUBTED.clear()
     return printed.getvalue()

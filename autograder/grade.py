@@ -53,6 +53,7 @@ import shutil
 import traceback
 from pathlib import Path
 
+import nbformat
 from nbgrader.api import Gradebook, MissingEntry
 from tqdm.auto import tqdm
 
@@ -62,11 +63,12 @@ from .feedback import NOTES_MARK, install_assets, notes_html, render_plain
 from .preflight import GraderBroken, SetupFailed  # noqa: F401 - GraderBroken: part of the API
 from .runlog import (CSV_COLUMNS, OutputLocked, RunLog, code_fingerprint, fingerprint, row_key,  # noqa: F401
                      write_atomic)
+from .repairs import repair
 from .settings import GradingSettings
-from .submission import inspect_submission, normalize_cells, restore_deleted_cells
+from .submission import inspect_submission, read_release
 from .result import WORK_DIR, GradeResult, collect, copy_tree, record
 from .rows import Found, GradeRow  # noqa: F401 - Found: part of the API
-from .tamper import REVIEW, scan_file
+from .tamper import REVIEW, scan_notebook
 
 IGNORED = {".ipynb_checkpoints", "__pycache__", "__MACOSX"}
 
@@ -195,6 +197,7 @@ class Grader:
                                   if p.is_dir() and any(p.glob("*.ipynb")))
         self._ids: dict[str, str] = {}
         self._max: dict[str, float] = {}
+        self._releases: dict[tuple[str, str], nbformat.NotebookNode] = {}
         self._pool = None               # local workers started early (see _early_pool)
 
     # ------------------------------------------------------------------ setting up
@@ -272,6 +275,14 @@ class Grader:
             with Gradebook(self.tree.db_url) as gb:
                 self._max[assignment] = float(gb.find_assignment(assignment).max_score)
         return self._max[assignment]
+
+    def _release(self, assignment: str, notebook: str):
+        """The released notebook (a NotebookNode), read once per run: the repairs copy what
+        they take from it, nothing changes it."""
+        key = (assignment, notebook)
+        if key not in self._releases:
+            self._releases[key] = read_release(self.tree.release_path(assignment, notebook))
+        return self._releases[key]
 
     # ------------------------------------------------------------------ the run
     def grade_all(self, submissions: Path, show_progress: bool = True) -> list[GradeRow]:
@@ -466,7 +477,7 @@ class Grader:
         gradable, refused, review, doubts = [], False, [], []
         for notebook in notebooks:
             source = Path(folder) / f"{notebook}.ipynb"
-            release = self.tree.release_path(assignment, notebook)
+            release = self._release(assignment, notebook)
             if source.is_symlink():
                 row.notes.append(f"{notebook}: {source.name} is a symbolic link (to {_link_target(source)}); links "
                                  f"are not followed, so it was not graded")
@@ -483,14 +494,14 @@ class Grader:
             row.notes.extend(f"{notebook}: {n}" for n in found.notes())
             try:
                 found_doubts: list[str] = []
-                review += [_review_note(n, notebook, len(notebooks)) for n in scan_file(source, release, found_doubts)]
+                review += [_review_note(n, notebook, len(notebooks))
+                           for n in scan_notebook(found.notebook, release, found_doubts)]
                 doubts += [_review_note(n, notebook, len(notebooks)) for n in found_doubts]
             except Exception as err:  # the scan is evidence for a person; it must never stop grading
                 review.append(f"{REVIEW} {notebook}: the tamper scan failed ({type(err).__name__}: {err})")
-            dest = submitted / source.name
-            shutil.copyfile(source, dest)
-            row.notes.extend(f"{notebook}: {n}" for n in normalize_cells(dest, release))
-            restore_deleted_cells(dest, release, found.deleted_cells)
+            repaired, repairs = repair(found.notebook, release)
+            row.notes.extend(f"{notebook}: {n}" for n in repairs)
+            nbformat.write(repaired, submitted / source.name)
             gradable.append(notebook)
         if not gradable:
             row.status = "refused" if refused else "broken"
@@ -528,8 +539,6 @@ class Grader:
         """Record every stop found in the autograded notebooks: kernel deaths, time-outs, and
         cells not run after the kernel was stopped (a lost judge connection included). A set-up
         cell that failed before any student code ran raises :class:`SetupFailed`."""
-        import nbformat
-
         for notebook in notebooks:
             path = self.course_root / "autograded" / sid / row.assignment / f"{notebook}.ipynb"
             if not path.exists():

@@ -197,7 +197,7 @@ def test_printed_names_are_escaped():
 
 
 def test_duplicated_cells_are_repaired(tmp_path):
-    from autograder.submission import normalize_cells
+    from autograder.repairs import repair
 
     nb = student_notebook(A, answers())
     at = {grade_id(c): i for i, c in enumerate(nb.cells)}
@@ -214,15 +214,13 @@ def test_duplicated_cells_are_repaired(tmp_path):
         if grade_id(cell) == "ex1_visible":
             cell.metadata.nbgrader["points"] = 100
     nb.cells.append(nbformat.v4.new_code_cell("z = 3", metadata={"nbgrader": "hand-edited"}))
-    path = write_notebook(nb, tmp_path / NB)
-    notes = normalize_cells(path, ROOT / "exercises" / A / NB)
+    fixed, notes = repair(nb, nbformat.read(ROOT / "exercises" / A / NB, as_version=4))
     assert notes == [
         "cells with nbgrader ids the assignment does not have, run as ordinary cells: (malformed metadata), ex99",
         "duplicated cell ex2_visible: kept the released copy and removed the other copy",
         "duplicated cell ex3_answer: kept the last copy as the answer (the earlier copy runs as an ordinary cell)",
         "nbgrader metadata edited (restored from the original): ex1_visible",
     ]
-    fixed = nbformat.read(path, as_version=4)
     ids = [grade_id(c) for c in fixed.cells if grade_id(c)]
     assert len(ids) == len(set(ids)) and "ex99" not in ids
     sources = [c.source for c in fixed.cells]

@@ -855,10 +855,11 @@ REACH_ANSWER = reach_answer(REACH_SLOPE, REACH_THRESHOLD)       # 37: e^(-d/8) <
 
 
 def _reach_oracle(slopes: torch.Tensor, threshold: float, n_keys: int, ratio: bool = True, shift: int = 0,
-                  no_key: int = -1) -> torch.Tensor:
+                  no_key: int = -1, strict: bool = True) -> torch.Tensor:
     d = torch.arange(n_keys, dtype=torch.float64)
     weights = torch.softmax(-slopes.double()[:, None] * d, dim=-1)             # (n_heads, n_keys)
-    below = weights < threshold * (weights[:, :1] if ratio else 1.0)
+    bound = threshold * (weights[:, :1] if ratio else 1.0)
+    below = weights < bound if strict else weights <= bound
     return torch.where(below.any(dim=-1), below.double().argmax(dim=-1).long() + shift, torch.tensor(no_key))
 
 
@@ -912,6 +913,10 @@ def _reach_variants(slopes: torch.Tensor, threshold: float, n_keys: int, got: to
            "with .any(dim=-1)" if given == {0} else "n_keys is no distance; -1 says that there is none"
            if given == {n_keys} else "-1 says that there is no such distance")
     return [
+        # Before the "last one above" slip: at a tie (threshold 1) both give d = 0, and the tie is what differs.
+        (_reach_oracle(slopes, threshold, n_keys, strict=False),
+         f"below means strictly below: a key whose weight equals {threshold:.4g} times the weight at d = 0 is not "
+         "below it (compare with <, not <=)."),
         (when(lambda got: bool(none.any()) and matches(got.long()[~none], want[~none])),
          f"the heads with a key below the threshold are right; for head{'s' if len(heads) > 1 else ''} "
          f"{', '.join(map(str, heads))} no key of these {n_keys} is below it, and such a head must give -1: "
@@ -938,12 +943,20 @@ def check_alibi_reach(predicted_reach, alibi_reach, hidden: bool = False) -> Non
             at = math.log(1 / threshold) / slopes.double()
             if bool(((at - at.round()).abs() > 1e-3).all()):
                 return slopes, threshold, d.rng.randrange(20, 600)
+    def tie(d: Draw) -> tuple[torch.Tensor, float, int]:
+        # "Below" is strict. A weight lands exactly on threshold * weight[0] for threshold < 1 only by the
+        # rounding of one computation (softmax's exp and sum, float32 or float64), which an answer need not
+        # share; threshold 1 gives the one tie every computation reaches: weight[0] == 1 * weight[0], so d = 0
+        # is below with <= and not with < (where the answer is d = 1, for any slope well above 0).
+        slopes = torch.rand(d.rng.randrange(1, 7), generator=d.gen, dtype=F64) * 0.9 + 0.02
+        return slopes.to(d.rng.choice([F32, F64])), 1.0, d.rng.randrange(2, 80)
+
     _check_prediction(predicted_reach, hidden)
     d = draw("alibi_reach", hidden)
     for before, threshold, n_keys in d.cases(
             [(torch.tensor([0.5, 0.125, 1 / 256]), 0.01, 2048), (torch.tensor([1.0, 0.01]), 0.2, 50)]
             + ([(torch.tensor(_alibi_slopes_oracle(6), dtype=F64), 0.05, 300),
-                (torch.tensor([1 / 256, 1 / 64]), 0.001, 1000)] if hidden else []), drawn, 2):
+                (torch.tensor([1 / 256, 1 / 64]), 0.001, 1000), tie(d.sub("tie"))] if hidden else []), drawn, 2):
         slopes, n = before.clone(), before.shape[0]
         got = call(alibi_reach, slopes, threshold, n_keys)
         label = (f"alibi_reach(slopes of {n} head{'s' if n > 1 else ''} ({before.dtype}), threshold={threshold:.4g}, "

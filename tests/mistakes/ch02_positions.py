@@ -233,6 +233,9 @@ MISTAKES = [
     Mistake("reach_predicted_by_measuring", "ex9_answer", "return math.floor(math.log(1 / threshold) / slope) + 1",
             "return int(alibi_reach(torch.tensor([float(slope)]), threshold, 100000).item())",
             EX9, "measuring instead of predicting", e2e=False),
+    # "Below" is strict: the hidden tests hold a tie (threshold 1, where weight[0] is exactly on it).
+    Mistake("reach_below_or_equal", "ex9_answer", "below = weights < threshold * weights[:, :1]",
+            "below = weights <= threshold * weights[:, :1]", ("ex9_hidden",), "below means strictly below"),
     Mistake("reach_absolute_threshold", "ex9_answer",
             "below = weights < threshold * weights[:, :1]", "below = weights < threshold",
             EX9, "the threshold is relative"),

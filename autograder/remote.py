@@ -81,7 +81,8 @@ def doubt_kernel_rules(notes: list[str]) -> Iterator[None]:
 
 _RULES = {"course.checks._core:forbid_names": "a built-in it forbids",
           "course.checks._core:Unmeasured": "no tensor operation in a prediction",
-          "course.checks._recorders:LargestTensor": "a record of the largest tensor your code makes"}
+          "course.checks._recorders:LargestTensor": "a record of the largest tensor your code makes",
+          "course.checks._recorders:PairCountsRecord": "a count of the updates your code makes to pair_counts"}
 
 
 def _note_doubted_rules(contexts: list) -> None:

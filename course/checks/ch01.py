@@ -14,7 +14,6 @@ import math
 import random
 import re
 from collections import Counter
-from collections.abc import MutableMapping
 
 import torch
 import torch.nn as nn
@@ -22,6 +21,7 @@ import torch.nn.functional as F
 
 from ._core import (CheckFailed, call, capped, earlier_answers, earlier_first, expect_tensor, forbid, meta_table,
                     own_fault)
+from ._recorders import PairCountsRecord
 from ._vocabulary import compare, diagnose, draw, expect, fail, matches, when
 
 Pair = tuple[int, int]
@@ -278,64 +278,6 @@ def _train_oracle(text: str, num_merges: int, pattern=PRETOKENIZE, weighted: boo
     return merges, dict(counts)
 
 
-class PairCounts(nn.Module, MutableMapping):
-    """The ``pair_counts`` handed to train_bpe: a mapping that counts its updates (a key set or
-    deleted). An ``nn.Module`` only so that, judged outside the kernel, its state comes back
-    from the kernel's copy (the grader's modules travel as twins: ``course.probe.twin``)."""
-
-    __hash__ = object.__hash__          # Mapping sets it to None; a module is hashed by identity
-
-    def __init__(self, budget: int | None = None) -> None:
-        nn.Module.__init__(self)
-        self.data: dict = {}
-        self.updates = 0
-        self.budget = budget    # past it, an update raises: a recount would otherwise run on for minutes
-
-    def __getitem__(self, key):
-        return self.data[key]
-
-    def __setitem__(self, key, value) -> None:
-        self._count()
-        self.data[key] = value
-
-    def __delitem__(self, key) -> None:
-        self._count()
-        del self.data[key]
-
-    def _count(self) -> None:
-        self.updates += 1
-        if self.budget is not None and self.updates > self.budget:
-            raise RuntimeError(f"pair_counts: more than {self.budget:,} updates, the most this test allows")
-
-    def __iter__(self):
-        return iter(self.data)
-
-    def __len__(self) -> int:
-        return len(self.data)
-
-    def __contains__(self, key) -> bool:
-        return key in self.data
-
-    def get(self, key, default=None):
-        return self.data.get(key, default)
-
-    def __repr__(self) -> str:
-        return f"PairCounts({capped(repr(self.data), 200)})"
-
-    def state_dict(self, *args, **kwargs) -> dict:
-        """What travels back: the number of updates, and the (a, b, count) rows of int pairs;
-        ``odd`` counts the entries that are not an int pair with an int count."""
-        rows = [(k[0], k[1], v) for k, v in self.data.items() if isinstance(k, tuple) and len(k) == 2
-                and all(type(x) is int for x in (*k, v)) and all(abs(x) < 2**62 for x in (*k, v))]
-        return {"updates": torch.tensor(self.updates), "odd": torch.tensor(len(self.data) - len(rows)),
-                "rows": torch.tensor(rows, dtype=torch.int64).reshape(-1, 3)}
-
-    def load_state_dict(self, state, strict: bool = False, assign: bool = False):
-        self.updates = int(state["updates"])
-        self.odd = int(state["odd"])
-        self.data = {(int(a), int(b)): int(c) for a, b, c in state["rows"].tolist()}
-
-
 # Updates allowed per pair position of the distinct chunks. Counting once takes one per
 # position; each merged occurrence (at most one per position, as each shortens its chunk)
 # changes at most five pairs, each at most two updates (a set, then a delete).
@@ -381,8 +323,8 @@ def _check_train_bpe(train_bpe, hidden: bool) -> None:
     cases = draw("train_bpe", hidden).cases([("aaabdaaabac", 3), (SAMPLE, 30), ("ab", 5), ("don't  stop, don't!", 8)],
                                            drawn, 6)
     for text, n in cases:
-        pair_counts = PairCounts()
-        merges = call(train_bpe, text, n, pair_counts)
+        with PairCountsRecord() as pair_counts:
+            merges = call(train_bpe, text, n, pair_counts.mapping)
         expect(isinstance(merges, dict), f"train_bpe should return a dict, got {type(merges).__name__}.",
                "return a dict mapping (a, b) pairs to new ids, in the order they were learned.")
         want, want_counts = _train_oracle(text, n)
@@ -401,8 +343,8 @@ def _check_train_bpe(train_bpe, hidden: bool) -> None:
         _check_final_counts(pair_counts, want_counts, f"train_bpe({text[:30]!r}..., {n})")
 
 
-def _check_final_counts(pair_counts: PairCounts, want: dict, label: str) -> None:
-    expect(getattr(pair_counts, "odd", 0) == 0, f"after {label}, pair_counts holds keys that are not pairs of ints.",
+def _check_final_counts(pair_counts: PairCountsRecord, want: dict, label: str) -> None:
+    expect(pair_counts.odd == 0, f"after {label}, pair_counts holds keys that are not pairs of ints.",
            "keep pair_counts as {(a, b): count} with int token ids and int counts.")
     compare(dict(pair_counts.data), want, f"after {label}, pair_counts",
             "pair_counts must end as the pair counts of the chunks after the last merge (weighted by each chunk's "
@@ -433,10 +375,10 @@ def _check_training_work(train_bpe, hidden: bool) -> None:
     chunks, _ = _chunk_ids(play.text)
     positions = sum(len(c) - 1 for c in chunks)
     bound = UPDATES_PER_POSITION * positions
-    pair_counts = PairCounts(budget=bound)
     label = f"train_bpe on {play.title} ({len(play.text):,} characters, {n} merges)"
     try:
-        merges = call(train_bpe, play.text, n, pair_counts)
+        with PairCountsRecord(budget=bound) as pair_counts:
+            merges = call(train_bpe, play.text, n, pair_counts.mapping)
     except CheckFailed:
         if pair_counts.updates <= bound:
             raise

@@ -226,7 +226,34 @@ MISTAKES = [
             ("ex5_visible", "ex5_hidden"), "kept Embedding's std 0.02", e2e=False),
     Mistake("scaled_std_one", "ex5_answer", "std=1 / math.sqrt(d_model)", "std=1.0",
             ("ex5_visible", "ex5_hidden"), "a table of std 1 scaled", e2e=False),
+    # ---------------------------------------------------------------- a forged record (issue 32)
+    # Recounts after every merge, into the dict the tests' mapping kept as an attribute (writes nobody counted,
+    # before pair_counts became a recorder whose counts live out of the student's reach).
+    Mistake("pair_counts_forged", "ex2_answer",
+            "    pair_counts = {} if pair_counts is None else pair_counts\n",
+            "    pair_counts = {} if pair_counts is None else pair_counts\n"
+            "    store = getattr(pair_counts, 'data', pair_counts)     # the mapping's own dict: uncounted writes\n"
+            "    chunk_counts = Counter(pretokenize(text))\n"
+            "    chunks = [list(chunk.encode('utf-8')) for chunk in chunk_counts]\n"
+            "    weights = list(chunk_counts.values())\n"
+            "    merges = {}\n"
+            "    for step in range(num_merges + 1):\n"
+            "        counts = Counter()\n"
+            "        for ids, weight in zip(chunks, weights):\n"
+            "            for pair in zip(ids, ids[1:]):\n"
+            "                counts[pair] += weight\n"
+            "        store.clear()\n"
+            "        store.update(counts)\n"
+            "        if step == num_merges or not counts:\n"
+            "            return merges\n"
+            "        best = max(counts, key=lambda p: (counts[p], -p[0], -p[1]))\n"
+            "        merges[best] = 256 + step\n"
+            "        chunks = [merge_pair(ids, best, 256 + step) for ids in chunks]\n",
+            ("ex2_visible", "ex2_hidden"), "pair_counts was rebuilt after every merge"),
 ]
+
+# Graded end to end: the forged record, whose verdict rests on what the kernel reports (the trusted path).
+E2E = {"pair_counts_forged"}
 
 _BY_NAME = {m.name: m for m in MISTAKES}
 # Found by an honest attempt: pruning at <= 0 hides the double subtraction unless the pair between

@@ -863,6 +863,8 @@ def check_int8_linear(Int8Linear, hidden: bool = False) -> None:
             _check_int8_forward(module, reference, q.double() * scale.double().repeat_interleave(gs, dim=1),
                                 d.randn(*shape), gs, label)
         _check_int8_holdings(module, reference, gs, label)     # after forward: a copy made there counts too
+        _check_int8_own_tensors(module, linear, q.double() * scale.double().repeat_interleave(gs, dim=1),
+                                reference, d.randn(2, d_in), label)
 
 
 def _check_int8_storage(module, reference: nn.Linear, gs: int, label: str) -> tuple[torch.Tensor, torch.Tensor]:
@@ -942,6 +944,39 @@ def _check_int8_holdings(module, reference: nn.Linear, gs: int, label: str) -> N
            f"{' (found ' + ', '.join(copies) + ')' if copies else ''}: dequantise inside forward and keep nothing "
            "else, as a parameter, a buffer or a plain attribute; what the layer holds stays in memory, whether "
            "state_dict saves it or not.")
+
+
+_SOURCE_BIAS_SHIFT = 7.0      # what the float layer's bias gains after the int8 layer is built
+
+
+def _change_source_layer(module, args, kwargs):
+    """A forward pre-hook, run where the module lives (the student's kernel while grading): the float layer the
+    int8 layer was built from, passed as ``source_layer``, is changed in place before the forward runs."""
+    source = kwargs.pop("source_layer")
+    with torch.no_grad():
+        source.weight.mul_(-1.0)
+        if source.bias is not None:
+            source.bias.add_(_SOURCE_BIAS_SHIFT)
+    return args, kwargs
+
+
+def _check_int8_own_tensors(module, linear: nn.Linear, w_hat: torch.Tensor, reference: nn.Linear, x: torch.Tensor,
+                            label: str) -> None:
+    """The int8 layer owns its tensors: changing the float layer after construction changes nothing of it."""
+    handle = call(module.register_forward_pre_hook, _change_source_layer, with_kwargs=True,
+                  name=f"{label}.register_forward_pre_hook")
+    try:
+        got = call(module, x.clone(), source_layer=linear, name=f"{label}.forward")
+    finally:
+        handle.remove()
+    b = None if reference.bias is None else reference.bias.detach().double()
+    compare(got, F.linear(x.double(), w_hat, b), f"{label}: the output after the float layer it was built from "
+            "changed in place", "the int8 layer must not change when the float layer does: keep copies of what you "
+            "take from it, not references to its tensors.", variants=[
+                (None if b is None else F.linear(x.double(), w_hat, b + _SOURCE_BIAS_SHIFT),
+                 "the bias is the float layer's own tensor (linear.bias.detach() or .data share its storage): copy "
+                 "it, linear.bias.detach().clone(), so that changing the float layer leaves the int8 layer as it "
+                 "was.")], tol=_F32)
 
 
 def _check_int8_forward(module, reference: nn.Linear, w_hat: torch.Tensor, x: torch.Tensor, gs: int,

@@ -164,6 +164,9 @@ MISTAKES = [
             '        self.register_buffer("scale", scale)                       # (out, in // group_size) float32\n'
             '        self.cache = {"w": dequantize_int8(q, scale)}\n',
             ("ex6_visible", "ex6_hidden"), "found cache.w (a plain attribute"),
+    # The bias kept as the float layer's own tensor: changing that layer later changes this one (issue 32).
+    Mistake("int8_linear_bias_aliases_float_layer", "ex6_answer", "linear.bias.detach().clone())",
+            "linear.bias.detach())", ("ex6_visible", "ex6_hidden"), "the bias is the float layer's own tensor"),
     Mistake("int8_linear_drops_bias", "ex6_answer", "return F.linear(x, w, self.bias)", "return F.linear(x, w)",
             ("ex6_visible", "ex6_hidden"), "add the layer's bias"),
     # ---------------------------------------------------------------- 7: memory

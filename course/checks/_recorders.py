@@ -16,7 +16,17 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 
-class LargestTensor(TorchDispatchMode):
+class _Mode(TorchDispatchMode):
+    """A dispatch mode that never runs under torch.compile. TorchDispatchMode otherwise wraps
+    ``__torch_dispatch__`` to switch Dynamo off, and the wrapper imports torch._dynamo on the
+    first operation it sees: 1-2 s of every graded kernel that uses a recorder."""
+
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:
+        return False
+
+
+class LargestTensor(_Mode):
     """Records the largest storage (bytes) of any tensor an operation returns inside the block."""
 
     def __init__(self) -> None:
@@ -56,7 +66,7 @@ class LargestTensor(TorchDispatchMode):
         return out
 
 
-class ForbiddenOperators(TorchDispatchMode):
+class ForbiddenOperators(_Mode):
     """Stops the operators a :class:`course.checks._core.Forbidden` block forbids, however
     the student's code reached them, and a backward pass when autograd is forbidden (the
     grader's own backward pass through the student's graph excepted)."""

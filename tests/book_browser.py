@@ -73,6 +73,64 @@ TOO_WIDE = """() => {
     .map(scale => `${Math.round(100 * scale)}%`);
   return {blocks: shown.filter(el => el.tagName === 'PRE').length, wide, labels: labels.length, cut, shrunk};
 }"""
+SMALLEST_TEXT_KEY = "course-smallest-text-px"      # book/_ext/kernel_figures.py writes it
+# Each figure shown (inline images, the widgets' images and the demos' frames): the size of
+# its smallest text in pixels of the PNG (the tEXt chunk that book/_ext/kernel_figures.py adds
+# in the book's kernels: null when there is none, "none" for a figure without text) and the
+# scale the page shows it at; and the body text's font size, in CSS px.
+FIGURE_TEXT = """async (key) => {
+  const article = document.querySelector('.bd-article');
+  if (!article || location.protocol === 'file:') return {body: 0, figures: []};   // no fetch from file://
+  const body = parseFloat(getComputedStyle(article.querySelector('p') || article).fontSize);
+  const stamp = async src => {
+    try {
+      const bytes = new Uint8Array(await (await fetch(src)).arrayBuffer());
+      const view = new DataView(bytes.buffer);
+      for (let at = 8; at + 12 <= bytes.length; at += 12 + view.getUint32(at)) {
+        if (String.fromCharCode(...bytes.subarray(at + 4, at + 8)) !== 'tEXt') continue;
+        const [name, value] = new TextDecoder('latin1').decode(
+          bytes.subarray(at + 8, at + 8 + view.getUint32(at))).split('\\0');
+        if (name === key) return value;
+      }
+      return null;
+    } catch (error) { return `unreadable: ${error}`; }
+  };
+  const images = Array.from(article.querySelectorAll('.cell_output img'))
+    .filter(img => img.offsetParent && img.naturalWidth);
+  const figures = [];
+  for (const [i, img] of images.entries()) {
+    const heading = img.closest('section')?.querySelector('h1, h2, h3');
+    figures.push({figure: `figure ${i + 1}${img.closest('.course-frames') ? ' (demo frame)' : ''}`
+                    + ` under "${heading ? heading.textContent.replace('#', '').trim() : ''}"`,
+                  text_px: await stamp(img.src), scale: img.getBoundingClientRect().width / img.naturalWidth});
+  }
+  return {body, figures};
+}"""
+# The demos' frames in the page (a Stack renders only the frame it shows): pixels wide, and the
+# width their layout asks for (CSS px).
+FRAMES = """() => Array.from(document.querySelectorAll('.course-frames img')).map(img =>
+  ({natural: img.naturalWidth, css: parseFloat(img.style.width) || img.naturalWidth}))"""
+# How far the page scrolls sideways, the outermost elements that stick out of the window (not
+# inside a box that scrolls or clips, nor fixed), and the width of the article's column.
+PAGE_OVERFLOW = """() => {
+  const width = document.documentElement.clientWidth;
+  const sticksOut = el => el.getBoundingClientRect().right > width + 1;
+  const contained = el => {     // inside a box that scrolls or clips, or out of the flow (fixed)
+    for (let up = el; up && up !== document.body; up = up.parentElement) {
+      const style = getComputedStyle(up);
+      if ((up !== el && style.overflowX !== 'visible') || style.position === 'fixed') return true;
+    }
+    return false;
+  };
+  const out = Array.from(document.body.querySelectorAll('*'))
+    .filter(el => sticksOut(el) && !sticksOut(el.parentElement) && !contained(el));
+  const article = document.querySelector('.bd-article');
+  const column = article ? article.clientWidth - parseFloat(getComputedStyle(article).paddingLeft)
+                           - parseFloat(getComputedStyle(article).paddingRight) : 0;
+  return {over: document.documentElement.scrollWidth - width, column,
+          what: out.slice(0, 5).map(el => `${el.tagName.toLowerCase()} "${el.textContent.trim().slice(0, 50)}": `
+                                           + `${Math.ceil(el.getBoundingClientRect().right - width)} px`)};
+}"""
 # Live-only widgets (ipywidgets' interactive: a kernel redraws their figure): how many, and the
 # controls of theirs that a reader can still focus or move (book/_static/course.js makes them inert).
 LIVE_ONLY = """() => {
@@ -160,9 +218,33 @@ class PageReport:
     labels: int = 0
     cut_labels: list[str] = field(default_factory=list)
     shrunk_figures: list[str] = field(default_factory=list)    # shown at under 75% of their size
+    body_text_px: float = 0                                # the article's font size
+    figure_text: list[dict] = field(default_factory=list)  # FIGURE_TEXT: figure, text_px, scale
+    frames: list[dict] = field(default_factory=list)       # FRAMES: natural and CSS width
+    page_overflow_px: int = 0                              # how far the page scrolls sideways
+    page_overflow: list[str] = field(default_factory=list)     # what sticks out
+    column_px: float = 0                                   # the article's content width
     live_only: int = 0                                     # widgets only a kernel can redraw
     movable_live_controls: list[str] = field(default_factory=list)
     light_dark_mode_panels: list[str] = field(default_factory=list)
+
+    def small_figure_text(self) -> list[str]:
+        """The figures whose smallest text, at the scale the page shows them, is smaller than
+        the body text, or whose text size is not recorded."""
+        found = []
+        for figure in self.figure_text:
+            if figure["text_px"] == "none":         # a figure without text
+                continue
+            try:
+                shown = float(figure["text_px"]) * figure["scale"]
+            except (TypeError, ValueError):
+                found.append(f"{figure['figure']}: no text size recorded ({figure['text_px']}): was it "
+                             "drawn by the book's kernels (book/_ext/kernel_figures.py)?")
+                continue
+            if shown < self.body_text_px - 0.01:
+                found.append(f"{figure['figure']}: smallest text {float(figure['text_px']):.1f} px shown at "
+                             f"{100 * figure['scale']:.0f}% = {shown:.1f} px, body text {self.body_text_px:g} px")
+        return found
 
     def problems(self) -> list[str]:
         found = [f"console: {e}" for e in self.errors]
@@ -180,12 +262,14 @@ class PageReport:
 class Browser:
     """One headless Chromium; each page opened in a fresh tab with the network walled off."""
 
-    def __init__(self, executable: str) -> None:
+    def __init__(self, executable: str, viewport: tuple[int, int] = (1280, 800), pixel_ratio: float = 1) -> None:
         from playwright.sync_api import sync_playwright
 
         self._playwright = sync_playwright().start()
         self.browser = self._playwright.chromium.launch(executable_path=executable, args=CHROMIUM_FLAGS)
-        self.context = self.browser.new_context(viewport={"width": 1280, "height": 800})
+        width, height = viewport
+        self.context = self.browser.new_context(viewport={"width": width, "height": height},
+                                                device_scale_factor=pixel_ratio)
 
     def close(self) -> None:
         self.context.close()
@@ -251,12 +335,18 @@ class Browser:
 
     @staticmethod
     def _measure_fit(page, report: PageReport) -> None:
-        """What does not fit at this width (code, outputs, widget labels), and the live-only
-        controls a reader could still move."""
+        """What does not fit at this width (code, outputs, widget labels, the page itself), the
+        size of the figures' text as shown, and the live-only controls a reader could still move."""
         fit = page.evaluate(TOO_WIDE)
         report.code_blocks, report.too_wide = fit["blocks"], fit["wide"]
         report.labels, report.cut_labels = fit["labels"], fit["cut"]
         report.shrunk_figures = fit["shrunk"]
+        figures = page.evaluate(FIGURE_TEXT, SMALLEST_TEXT_KEY)
+        report.body_text_px, report.figure_text = figures["body"], figures["figures"]
+        report.frames = page.evaluate(FRAMES)
+        overflow = page.evaluate(PAGE_OVERFLOW)
+        report.page_overflow_px, report.page_overflow = overflow["over"], overflow["what"]
+        report.column_px = overflow["column"]
         live = page.evaluate(LIVE_ONLY)
         report.live_only, report.movable_live_controls = live["count"], live["movable"]
 
@@ -288,16 +378,21 @@ class Browser:
                 report.demos_that_change += 1
 
 
+DESKTOP = ((1280, 800), 1)      # window (CSS px) and device pixels per CSS px
+PHONE = ((390, 844), 3)
+
+
 def visit_all(folder: Path, pages: list[str], executable: str, screenshots: dict[str, Path] | None = None,
-              browsers: int | None = None) -> dict[str, PageReport]:
+              browsers: int | None = None, device: tuple = DESKTOP) -> dict[str, PageReport]:
     """page -> its report, for every page of ``pages`` (paths relative to ``folder``), visited
     by ``browsers`` Chromiums at once (default: one per core, at most two), each in a process
-    with its own server. One browser drives one tab at a time, and its page work runs mostly
-    on one core: the other idled for the 80-110 s of the visits at the end of the suite."""
+    with its own server, on a screen of ``device`` (DESKTOP or PHONE). One browser drives one
+    tab at a time, and its page work runs mostly on one core: the other idled for the 80-110 s
+    of the visits at the end of the suite."""
     count = max(1, min(browsers or min(2, len(os.sched_getaffinity(0))), len(pages)))
     chunks = [pages[i::count] for i in range(count)]
     if count == 1:
-        found = _visit_pages(folder, pages, executable, screenshots or {})
+        found = _visit_pages(folder, pages, executable, screenshots or {}, device)
     else:
         import multiprocessing
         from concurrent.futures import ProcessPoolExecutor
@@ -305,14 +400,14 @@ def visit_all(folder: Path, pages: list[str], executable: str, screenshots: dict
         with ProcessPoolExecutor(count, mp_context=multiprocessing.get_context("spawn")) as pool:
             found = {}
             for part in pool.map(_visit_pages, [folder] * count, chunks, [executable] * count,
-                                 [screenshots or {}] * count):
+                                 [screenshots or {}] * count, [device] * count):
                 found.update(part)
     return {page: found[page] for page in pages}
 
 
-def _visit_pages(folder: Path, pages: list[str], executable: str,
-                 screenshots: dict[str, Path]) -> dict[str, PageReport]:
-    server, browser = Server(folder), Browser(executable)
+def _visit_pages(folder: Path, pages: list[str], executable: str, screenshots: dict[str, Path],
+                 device: tuple = DESKTOP) -> dict[str, PageReport]:
+    server, browser = Server(folder), Browser(executable, *device)
     try:
         return {page: browser.visit(server.url(page), server.origin, screenshots.get(page)) for page in pages}
     finally:

@@ -3,10 +3,13 @@ Chromium), every request to another host refused. Each page loads with no consol
 outside request, its formulas are rendered by MathJax (no raw LaTeX left in the text, the
 sidebars and headings included), each widget shows its controls, each image loads, and each
 precomputed demo changes its figure when its control moves. At 1280x800 no code block or output
-is wider than the column and no widget label is cut; a live-only widget's controls cannot move
-(its figure would not follow); in dark mode no widget panel is light. Screenshots of one page per
-chapter (light, and dark where it has a widget) go to test-output/browser/ (COURSE_TEST_OUTPUT to
-change), with summary.json (the counts)."""
+is wider than the column, no figure's text is smaller than the body text, and no widget label is
+cut; a live-only widget's controls cannot move (its figure would not follow); in dark mode no
+widget panel is light. On a phone (390x844, three device pixels per CSS pixel) the exercises
+pages do not scroll sideways, and no demo frame is shown with fewer image pixels per CSS pixel
+than it was drawn for. Screenshots of one page per chapter (light, and dark where it has a
+widget) go to test-output/browser/ (COURSE_TEST_OUTPUT to change), with summary.json (the
+counts)."""
 
 from __future__ import annotations
 
@@ -17,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from book_browser import Browser, chromium, html_pages, visit_all
+from book_browser import PHONE, Browser, chromium, html_pages, visit_all
 from notebook_tools import ROOT
 
 pytestmark = pytest.mark.slow
@@ -74,8 +77,11 @@ def reports(site):
         "widget_labels": sum(r.labels for r in found.values()),
         "cut_labels": sum(len(r.cut_labels) for r in found.values()),
         "live_only_widgets": sum(r.live_only for r in found.values()),
-        # measured, not yet asserted (issue 29): wide figures whose text the column shrinks
         "figures_shown_under_75_percent": {p: r.shrunk_figures for p, r in found.items() if r.shrunk_figures},
+        "body_text_px": sorted({r.body_text_px for r in found.values() if r.figure_text}),
+        "figures_measured": sum(len(r.figure_text) for r in found.values()),
+        "figure_text_under_the_body_size": {p: r.small_figure_text() for p, r in found.items()
+                                            if r.small_figure_text()},
         "screenshots": sorted(f"{c}.png" for c in shots),
     }
     OUTPUT.mkdir(parents=True, exist_ok=True)
@@ -114,6 +120,51 @@ def test_code_and_outputs_fit_the_column_at_1280px(reports):
     assert sum(r.code_blocks for r in reports.values()) > 400
     wide = {page: r.too_wide for page, r in reports.items() if r.too_wide}
     assert not wide, json.dumps(wide, indent=1)[:4000]
+
+
+def test_figure_text_is_no_smaller_than_the_body_text_at_1280px(reports):
+    """Each figure's smallest text (its size in the PNG, recorded by book/_ext/kernel_figures.py,
+    times the scale the page shows the PNG at) is at least the article's body text size."""
+    measured = [f for r in reports.values() for f in r.figure_text]
+    assert len(measured) > 60 and all(r.body_text_px >= 14 for r in reports.values() if r.figure_text)
+    assert sum(1 for f in measured if "demo frame" in f["figure"]) >= 5
+    small = {page: r.small_figure_text() for page, r in reports.items() if r.small_figure_text()}
+    assert not small, json.dumps(small, indent=1)[:6000]
+
+
+@pytest.fixture(scope="module")
+def phone_reports(site, reports):       # after the desktop visits: one set of browsers at a time
+    executable = _browser_or_skip()
+    pages = [p for p in html_pages(site) if p.endswith("/exercises.html")]
+    found = visit_all(site, pages, executable, device=PHONE)
+    print(json.dumps({p: [r.page_overflow_px, r.column_px, r.page_overflow] for p, r in found.items()}))
+    return found
+
+
+def test_exercises_pages_fit_a_phone(phone_reports):
+    """At 390x844 (device pixel ratio 3) an exercises page never scrolls sideways: the link to
+    its notebook wraps. Its tables and code blocks scroll inside their own boxes."""
+    assert len(phone_reports) >= 7
+    assert all(not r.problems() for r in phone_reports.values()), {p: r.problems() for p, r in phone_reports.items()}
+    wide = {page: [f"{r.page_overflow_px} px", *r.page_overflow] for page, r in phone_reports.items()
+            if r.page_overflow_px > 0}
+    assert not wide, wide
+
+
+def test_demo_frames_keep_their_resolution_on_a_phone(reports, phone_reports):
+    """A demo's frame (course/book_demo.py) is drawn at FRAME_DPI and laid out at SHOWN_PPI
+    CSS px per inch, at most the column's width: on a 390 px phone (a 358 px column) each
+    shown frame has at least FRAME_DPI / SHOWN_PPI image pixels per CSS pixel (1.5 at 150
+    dpi, where a phone has 3 device pixels: measured 1.5 for frames narrower than the column,
+    up to 2.8 for the widest)."""
+    from course.book_demo import FRAME_DPI, SHOWN_PPI
+
+    column = min(r.column_px for r in phone_reports.values())
+    frames = [f for r in reports.values() for f in r.frames]
+    assert len(frames) >= 8 and 300 < column < 390
+    density = sorted(f["natural"] / min(f["css"], column) for f in frames)
+    print(f"phone column {column:g} px; frame pixels per CSS px: {[round(d, 2) for d in density]}")
+    assert density[0] >= FRAME_DPI / SHOWN_PPI - 0.01, density
 
 
 def test_widget_labels_are_not_cut(reports):

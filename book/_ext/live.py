@@ -28,7 +28,9 @@ def main(argv: list[str]) -> int:
     plugin = SETTINGS / "@jupyterlab" / "docmanager-extension" / "plugin.jupyterlab-settings"
     plugin.parent.mkdir(parents=True, exist_ok=True)
     plugin.write_text(json.dumps(VIEWERS, indent=2))
-    env = {**os.environ, "JUPYTERLAB_SETTINGS_DIR": str(SETTINGS)}
+    # its kernels draw figures as the book's build does (book/_ext/kernel_figures.py)
+    env = {**os.environ, "JUPYTERLAB_SETTINGS_DIR": str(SETTINGS),
+           "PYTHONSTARTUP": str(Path(__file__).with_name("kernel_figures.py"))}
     if hasattr(os, "geteuid") and os.geteuid() == 0:
         extra = ["--allow-root", *extra]     # containers and CI run as root
     command = [sys.executable, "-m", "jupyterlab", f"--ServerApp.root_dir={ROOT}", *extra, str(page)]

@@ -19,6 +19,7 @@ from __future__ import annotations
 import functools
 import os
 import uuid
+from pathlib import Path
 
 from jupyter_client import AsyncKernelManager
 from traitlets import default
@@ -46,9 +47,17 @@ class LocalKernelManager(AsyncKernelManager):
         await super()._async_interrupt_kernel()
 
 
+# Run at the start of each kernel: the course's figure text size, and the size of each
+# figure's smallest text recorded in its PNG (for the browser test)
+FIGURES = Path(__file__).with_name("kernel_figures.py")
+
+
 def install() -> None:
-    """Execute the book's pages with LocalKernelManager (idempotent)."""
+    """Execute the book's pages with LocalKernelManager (idempotent), each kernel started
+    with kernel_figures.py (the kernels inherit the build's environment)."""
     from jupyter_cache.executors import utils
+
+    os.environ["PYTHONSTARTUP"] = str(FIGURES)
 
     if getattr(utils.executenb, "local_kernels", False):
         return

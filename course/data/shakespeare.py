@@ -79,20 +79,26 @@ def markdown_to_text(markdown: str) -> tuple[str, str]:
             if line.endswith(in_direction):
                 in_direction = ""
             continue
-        if line.startswith("# ") and not title:
-            title = line[2:].strip()
-            continue
-        if not line or line.startswith("#"):
+        if not line:
             continue
         marker = line[0]
+        if marker == "#":  # the title, or an act or scene heading
+            if not title and line.startswith("# "):
+                title = line[2:].strip()
+            continue
         if marker in "_*" and line[:2] not in ("__", "**"):  # a stage direction: _Exit_ or *Exit*
             in_direction = "" if len(line) > 1 and line.endswith(marker) else marker
             continue
-        speaker = _SPEAKER.match(line)
+        speaker = _SPEAKER.match(line) if marker == "*" else None
         if speaker:
             speeches.append([speaker.group("name").strip() + ":"])
             continue
-        line = _ESCAPE.sub(r"\1", _BRACKETED.sub("", line)).replace("_", "").replace("*", "").strip()
+        # the patterns only where they can match: a play has ~4,000 lines, and every kernel reads 38
+        if "[" in line:
+            line = _BRACKETED.sub("", line)
+        if "\\" in line:
+            line = _ESCAPE.sub(r"\1", line)
+        line = line.replace("_", "").replace("*", "").strip()
         if line and speeches:
             speeches[-1].append(line)
     body = "\n\n".join("\n".join(s) for s in speeches if len(s) > 1)

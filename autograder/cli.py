@@ -18,13 +18,7 @@ def _settings(args) -> GradingSettings:
                                     dry_run=getattr(args, "dry_run", False))
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m autograder", description=__doc__)
-    parser.add_argument("--root", type=Path, help="course repository (default: found from here)")
-    sub = parser.add_subparsers(dest="command", required=True)
-
-    sub.add_parser("generate", help="regenerate exercises/ from solutions/")
-
+def _grade_parser(sub) -> argparse.ArgumentParser:
     grade = sub.add_parser("grade", help="grade <dir>/<student>/<assignment>/<notebook>.ipynb")
     grade.add_argument("submissions", type=Path)
     grade.add_argument("--out", type=Path, required=True, help="where grades.csv and feedback go")
@@ -54,11 +48,21 @@ def main(argv: list[str] | None = None) -> int:
     grade.add_argument("--seed", type=int,
                        help="seed of the hidden tests' inputs (default: drawn once per --out and kept in "
                             "OUT/nbgrader/grading-secret); the same seed reproduces a grade")
-
     grade.add_argument("--dry-run", action="store_true",
                        help="a dry run of --profile: the capstone's models of that profile (sizes, dropout, "
                             "bf16, beam size) trained a few steps and scored on a few held-out items, to show "
                             "that the profile runs end to end (scores are not grades; every row says so)")
+    return grade
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m autograder", description=__doc__)
+    parser.add_argument("--root", type=Path, help="course repository (default: found from here)")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    sub.add_parser("generate", help="regenerate exercises/ from solutions/")
+
+    grade = _grade_parser(sub)
 
     doctor = sub.add_parser("doctor", help="check that a sandboxed kernel can run here (and sees the GPU with "
                                            "--device cuda)")
@@ -76,8 +80,11 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("--profile", choices=PROFILES,
                        help=f"capstone budget: smoke, cpu or gpu (default: ${PROFILE_ENV} or cpu)")
         p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    return parser
 
-    args = parser.parse_args(argv)
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
     try:
         if args.command == "generate":
             from .generate import generate_exercises

@@ -476,33 +476,10 @@ class Grader:
         notebooks = self.tree.notebooks(assignment)
         gradable, refused, review, doubts = [], False, [], []
         for notebook in notebooks:
-            source = Path(folder) / f"{notebook}.ipynb"
-            release = self._release(assignment, notebook)
-            if source.is_symlink():
-                row.notes.append(f"{notebook}: {source.name} is a symbolic link (to {_link_target(source)}); links "
-                                 f"are not followed, so it was not graded")
-                refused = True
-                continue
-            if source.exists() and not source.is_file():
-                row.notes.append(f"{notebook}: {source.name} is not a regular file; not graded")
-                refused = True
-                continue
-            found = inspect_submission(source, release)
-            if not found.readable:
-                row.notes.append(f"{notebook}: {found.problem}" + _other_notebooks(source))
-                continue
-            row.notes.extend(f"{notebook}: {n}" for n in found.notes())
-            try:
-                found_doubts: list[str] = []
-                review += [_review_note(n, notebook, len(notebooks))
-                           for n in scan_notebook(found.notebook, release, found_doubts)]
-                doubts += [_review_note(n, notebook, len(notebooks)) for n in found_doubts]
-            except Exception as err:  # the scan is evidence for a person; it must never stop grading
-                review.append(f"{REVIEW} {notebook}: the tamper scan failed ({type(err).__name__}: {err})")
-            repaired, repairs = repair(found.notebook, release)
-            row.notes.extend(f"{notebook}: {n}" for n in repairs)
-            nbformat.write(repaired, submitted / source.name)
-            gradable.append(notebook)
+            taken = self._take_notebook(row, Path(folder), assignment, notebook, submitted, review, doubts)
+            refused = refused or taken == "refused"
+            if taken == "taken":
+                gradable.append(notebook)
         if not gradable:
             row.status = "refused" if refused else "broken"
             row.notes.extend(review)
@@ -526,6 +503,37 @@ class Grader:
         row.notes.extend(review)
         self._write_feedback(row, sid)
         return row
+
+    def _take_notebook(self, row: GradeRow, folder: Path, assignment: str, notebook: str, submitted: Path,
+                       review: list[str], doubts: list[str]) -> str:
+        """One submitted notebook read once, scanned, repaired and put where nbgrader grades it:
+        "taken"; or "refused" (a link, not a file) or "unreadable", with the row's note why.
+        The scan's findings go to ``review`` (and those that doubt a kernel rule to ``doubts``)."""
+        source = folder / f"{notebook}.ipynb"
+        release = self._release(assignment, notebook)
+        count = len(self.tree.notebooks(assignment))
+        if source.is_symlink():
+            row.notes.append(f"{notebook}: {source.name} is a symbolic link (to {_link_target(source)}); links "
+                             f"are not followed, so it was not graded")
+            return "refused"
+        if source.exists() and not source.is_file():
+            row.notes.append(f"{notebook}: {source.name} is not a regular file; not graded")
+            return "refused"
+        found = inspect_submission(source, release)
+        if not found.readable:
+            row.notes.append(f"{notebook}: {found.problem}" + _other_notebooks(source))
+            return "unreadable"
+        row.notes.extend(f"{notebook}: {n}" for n in found.notes())
+        try:
+            found_doubts: list[str] = []
+            review += [_review_note(n, notebook, count) for n in scan_notebook(found.notebook, release, found_doubts)]
+            doubts += [_review_note(n, notebook, count) for n in found_doubts]
+        except Exception as err:  # the scan is evidence for a person; it must never stop grading
+            review.append(f"{REVIEW} {notebook}: the tamper scan failed ({type(err).__name__}: {err})")
+        repaired, repairs = repair(found.notebook, release)
+        row.notes.extend(f"{notebook}: {n}" for n in repairs)
+        nbformat.write(repaired, submitted / source.name)
+        return "taken"
 
     def _read_scores(self, row: GradeRow, sid: str) -> None:
         with Gradebook(self.tree.db_url) as gb:

@@ -11,6 +11,7 @@ two disagree are listed after the table.
 
     .venv/bin/python benchmarks/mistakes_through_grade.py                  # chapters 1-6
     .venv/bin/python benchmarks/mistakes_through_grade.py ch01_embeddings --workers 2
+    .venv/bin/python benchmarks/mistakes_through_grade.py --since f0acbea     # added since a commit
 """
 
 from __future__ import annotations
@@ -30,14 +31,27 @@ sys.path.insert(0, str(ROOT / "tests"))
 CHAPTERS = ["ch01_embeddings", "ch02_positions", "ch03_attention", "ch04_ffn", "ch05_training", "ch06_inference"]
 
 
-def write_submissions(root: Path, assignments: list[str]) -> dict[str, tuple[str, object]]:
-    """One student per wrong answer; returns student -> (assignment, mistake)."""
+def names_at(commit: str, assignment: str) -> set[str]:
+    """The wrong answers of ``assignment`` registered at ``commit`` (their names, read from git)."""
+    import re
+
+    shown = subprocess.run(["git", "show", f"{commit}:tests/mistakes/{assignment}.py"], cwd=ROOT,
+                           capture_output=True, text=True)
+    return set(re.findall(r'Mistake\(\s*"([^"]+)"', shown.stdout)) if shown.returncode == 0 else set()
+
+
+def write_submissions(root: Path, assignments: list[str], since: str | None = None) -> dict[str, tuple[str, object]]:
+    """One student per wrong answer (only those registered after commit ``since``, when given);
+    returns student -> (assignment, mistake)."""
     from mistakes import mistakes_for
     from notebook_tools import solution_answers, student_notebook, write_notebook
 
     students = {}
     for assignment in assignments:
+        known = names_at(since, assignment) if since else set()
         for mistake in mistakes_for(assignment):
+            if mistake.name in known:
+                continue
             student = f"{assignment}__{mistake.name}"
             nb = student_notebook(assignment, mistake.apply(solution_answers(assignment)))
             write_notebook(nb, root / student / assignment / f"{assignment}.ipynb")
@@ -69,10 +83,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("assignments", nargs="*", default=CHAPTERS)
     parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--since", metavar="COMMIT",
+                        help="only the wrong answers registered after COMMIT (not in its tests/mistakes)")
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="mistakes-") as tmp:
         root, out = Path(tmp) / "submissions", Path(tmp) / "out"
-        students = write_submissions(root, args.assignments)
+        students = write_submissions(root, args.assignments, args.since)
         start = time.monotonic()
         done = subprocess.run([sys.executable, "-m", "autograder", "grade", str(root), "--out", str(out),
                                "--profile", "smoke", "--no-progress", "--workers", str(args.workers)],

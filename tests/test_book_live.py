@@ -17,6 +17,8 @@ import pytest
 
 from notebook_tools import ROOT
 
+pytestmark = pytest.mark.slow   # JupyterLab started as `make live` starts it
+
 LIVE = ROOT / "book" / "_ext" / "live.py"
 
 

@@ -20,6 +20,8 @@ import pytest
 from mistakes import assignments
 from notebook_tools import ROOT, grade_id, release_notebook
 
+pytestmark = pytest.mark.slow   # real kernels and JupyterLab started as the README starts it
+
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 NOT_WRITTEN = re.compile(r"^([\w.]+) is not written yet: replace the `raise NotImplementedError\(\)` in its answer cell")
 

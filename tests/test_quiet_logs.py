@@ -8,7 +8,11 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
 from notebook_tools import ROOT
+
+pytestmark = pytest.mark.slow   # real kernels, as the book's build starts them
 
 # One page run as the book's build runs it (jupyter-cache hands it to nbclient). Its cell
 # makes a SIGINT visible: ipykernel restores its own handler after each cell, so the cell

@@ -17,7 +17,8 @@ import course
 from autograder import sandbox_filter, sandbox_ids
 from autograder.sandbox import Limits, Sandbox, available
 
-pytestmark = pytest.mark.skipif(not available(), reason="bubblewrap is not usable here")
+pytestmark = [pytest.mark.slow,   # real sandboxes and kernels
+              pytest.mark.skipif(not available(), reason="bubblewrap is not usable here")]
 as_root = pytest.mark.skipif(os.geteuid() != 0, reason="ids of their own and bounded files need root")
 
 COURSE = Path(course.__file__).parent

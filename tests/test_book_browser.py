@@ -156,7 +156,7 @@ def test_demo_frames_keep_their_resolution_on_a_phone(reports, phone_reports):
     CSS px per inch, at most the column's width: on a 390 px phone (a 358 px column) each
     shown frame has at least FRAME_DPI / SHOWN_PPI image pixels per CSS pixel (1.5 at 150
     dpi, where a phone has 3 device pixels: measured 1.5 for frames narrower than the column,
-    up to 2.8 for the widest)."""
+    up to 2.9 for the widest; a sharp frame at 3 would need FRAME_DPI = 300)."""
     from course.book_demo import FRAME_DPI, SHOWN_PPI
 
     column = min(r.column_px for r in phone_reports.values())

@@ -1318,3 +1318,164 @@ def _check_step_case(fn, d, B, H, n_kv, dh, T_past, T_new, vocab, base, dtype) -
             "w.T split into heads; rotate q and k at positions T_past + t; append to the caches; grouped-query "
             "attention (query head h uses kv head h // group) with a bottom-right causal mask; merge heads; @ w_o.T.",
             variants=variants)
+
+# ----------------------------------------------------------------------------- exercise 11
+
+# (seq_len, head_dim, q_tile, k_tile, bytes_per_number): the case the notebook measures (fp16, FlashAttention-sized
+# tiles), and one whose tiles do not divide the sequence.
+IO_CASE = (1024, 64, 128, 64, 2)
+_IO_RAGGED = (1000, 48, 96, 128, 4)
+
+
+def standard_io_answer(seq_len: int, head_dim: int, bytes_per_number: int) -> int:
+    """Bytes moved by standard attention under the notebook's model: read Q, K, write S; read S, write P; read P, V,
+    write O: four passes over T x T numbers and four over T x d."""
+    return bytes_per_number * (4 * seq_len * seq_len + 4 * seq_len * head_dim)
+
+
+def tiled_io_answer(seq_len: int, head_dim: int, q_tile: int, k_tile: int, bytes_per_number: int) -> int:
+    """Bytes moved by tiled attention: Q read once, K and V once per query tile, O written once."""
+    query_tiles = -(-seq_len // q_tile)
+    return bytes_per_number * seq_len * head_dim * (2 + 2 * query_tiles)
+
+
+def _standard_io_judge(config: tuple, value) -> None:
+    T, d, b = config
+    guesses = [
+        (b * (3 * T * T + 4 * T * d), "the softmax writes P back to slow memory, and the product with V reads it: "
+                                      "S and P are each written once and read once, four passes of T x T numbers."),
+        (b * (2 * T * T + 4 * T * d), "S and P are each written to slow memory and then read back: T x T numbers move "
+                                      "four times (S written, S read, P written, P read), not twice."),
+        (4 * T * T + 4 * T * d, "that is a count of numbers: the question asks for bytes, so multiply by "
+                                "bytes_per_number."),
+        (b * (4 * T * T + 3 * T * d), "Q, K and V are each read once and the output O is written once: four "
+                                      "seq_len x head_dim matrices move."),
+        (b * 4 * T * T, "Q, K and V are read and O is written too: add their seq_len x head_dim numbers."),
+    ]
+    judge_prediction("standard_attention_bytes", value, standard_io_answer(T, d, b),
+                     unit_hint="return your prediction as a number of bytes.",
+                     asked=f"the bytes standard attention moves (seq_len {T}, head_dim {d}, {b} bytes per number)",
+                     exact=0.5, close=0.0, close_hint="", guesses=guesses, near=0.0,
+                     fallback="follow the three steps of the model: each reads its inputs from slow memory and writes "
+                              "its result there; count the numbers of each matrix, then multiply by bytes_per_number.")
+
+
+def _tiled_io_judge(config: tuple, value) -> None:
+    T, d, qt, kt, b = config
+    n_q, n_k = -(-T // qt), -(-T // kt)
+    asked = (f"the bytes tiled attention moves (seq_len {T}, head_dim {d}, q_tile {qt}, k_tile {kt}, {b} bytes per "
+             "number)")
+    guesses = [
+        (b * 4 * T * d, "each query tile reads all of K and V again (the tiles of K and V do not stay in fast memory "
+                        "from one query tile to the next): K and V are read once per query tile."),
+        (b * T * d * (2 + 2 * (T // qt)), f"{T} rows in tiles of {qt} make ceil({T} / {qt}) = {n_q} query tiles: the "
+                                          "last, shorter tile is read too (integer division drops it)."),
+        (b * T * d * (2 + 2 * (T // qt + 1)), f"when {qt} divides {T} there are exactly {T} / {qt} query tiles: "
+                                              "ceil(seq_len / q_tile), not seq_len // q_tile + 1."),
+        (T * d * (2 + 2 * n_q), "that is a count of numbers: the question asks for bytes, so multiply by "
+                                "bytes_per_number."),
+        (b * T * d * (2 + 2 * n_k), "K and V are read once per *query* tile (the outer loop): the number of query "
+                                    "tiles, ceil(seq_len / q_tile), not that of key tiles."),
+        (b * T * d * (1 + n_k + 2 * n_q), "a query tile is read once and stays in fast memory while the key tiles go "
+                                          "by: Q is read once in all, not once per key tile."),
+        (b * (2 * T * d + 2 * n_q * n_k * kt * d), f"the last key tile is shorter ({T - (n_k - 1) * kt} rows here): "
+                                                   "across the key tiles, each query tile reads exactly seq_len rows "
+                                                   "of K and of V."),
+        (b * T * d * (1 + 2 * n_q), "the output O is written once, seq_len x head_dim numbers."),
+    ]
+    judge_prediction("tiled_attention_bytes", value, tiled_io_answer(T, d, qt, kt, b),
+                     unit_hint="return your prediction as a number of bytes.", asked=asked, exact=0.5, close=0.0,
+                     close_hint="", guesses=guesses, near=0.0,
+                     fallback="follow the loop of the model: for each query tile, its Q rows once, then every K and V "
+                              "tile; then its O rows once. Count the numbers, then multiply by bytes_per_number.")
+
+
+def _io_configs(hidden: bool) -> list[tuple]:
+    """The notebook's case and a ragged one; hidden, drawn ones with tiles that divide or not, every byte width."""
+    def drawn(d) -> tuple:
+        q_tile, k_tile = d.rng.choice([16, 32, 64, 128, 256]), d.rng.choice([16, 32, 64, 128])
+        seq_len = d.rng.randrange(1, 64) * q_tile + d.rng.choice([0, d.rng.randrange(1, q_tile)])
+        return seq_len, d.rng.choice([32, 64, 80, 96, 128, 256]), q_tile, k_tile, d.rng.choice([1, 2, 4, 8])
+    return draw("attention_io", hidden).cases([IO_CASE, _IO_RAGGED], drawn, 6)
+
+
+def _check_io_predictions(standard_attention_bytes, tiled_attention_bytes, hidden: bool = False) -> None:
+    configs = _io_configs(hidden)
+    judge_configured("standard_attention_bytes", standard_attention_bytes, [(T, d, b) for T, d, _, _, b in configs],
+                     standard_io_answer, _standard_io_judge, shown=lambda c: "seq_len={}, head_dim={}, "
+                     "bytes_per_number={}".format(*c))
+    judge_configured("tiled_attention_bytes", tiled_attention_bytes, configs, tiled_io_answer, _tiled_io_judge,
+                     shown=lambda c: "seq_len={}, head_dim={}, q_tile={}, k_tile={}, bytes_per_number={}".format(*c))
+
+
+def attention_io_predictions_pass(standard_attention_bytes, tiled_attention_bytes) -> bool:
+    """For the exercise's demo, which shows the measurement only once the predictions pass their visible test."""
+    try:
+        _check_io_predictions(standard_attention_bytes, tiled_attention_bytes)
+    except CheckFailed:
+        return False
+    return True
+
+
+def check_attention_io(standard_attention_bytes, tiled_attention_bytes, hidden: bool = False) -> None:
+    """Both predictions against the model's counts, on the notebook's cases (visible) and drawn ones (hidden)."""
+    _check_io_predictions(standard_attention_bytes, tiled_attention_bytes, hidden)
+
+
+class SlowMemory:
+    """The exercise's memory model made runnable: named matrices in slow memory; ``load`` copies rows into fast
+    memory and counts them as read, ``store`` writes rows back and counts them as written (bytes)."""
+
+    def __init__(self, **matrices: torch.Tensor) -> None:
+        self.matrices, self.read, self.written = dict(matrices), 0, 0
+
+    def load(self, name: str, start: int = 0, stop: int | None = None) -> torch.Tensor:
+        rows = self.matrices[name][start:stop].clone()
+        self.read += rows.numel() * rows.element_size()
+        return rows
+
+    def store(self, name: str, rows: torch.Tensor, start: int = 0) -> None:
+        self.written += rows.numel() * rows.element_size()
+        if start == 0 and name not in self.matrices:
+            self.matrices[name] = rows.new_empty((0, *rows.shape[1:]))
+        self.matrices[name] = torch.cat((self.matrices[name][:start], rows, self.matrices[name][start + len(rows):]))
+
+
+def _standard_through(mem: SlowMemory) -> torch.Tensor:
+    q, k = mem.load("q"), mem.load("k")
+    mem.store("s", q @ k.T / math.sqrt(q.shape[-1]))                      # (T, T)
+    mem.store("p", torch.softmax(mem.load("s"), dim=-1))                  # (T, T)
+    mem.store("o", mem.load("p") @ mem.load("v"))                         # (T, d)
+    return mem.matrices["o"]
+
+
+def _tiled_through(mem: SlowMemory, q_tile: int, k_tile: int) -> torch.Tensor:
+    T, d = mem.matrices["q"].shape
+    for qs in range(0, T, q_tile):
+        q = mem.load("q", qs, qs + q_tile)                                # (n, d), stays in fast memory
+        m = q.new_full((len(q), 1), float("-inf"))
+        l, acc = q.new_zeros(len(q), 1), q.new_zeros(len(q), d)
+        for ks in range(0, T, k_tile):
+            k, v = mem.load("k", ks, ks + k_tile), mem.load("v", ks, ks + k_tile)
+            s = q @ k.T / math.sqrt(d)                                    # (n, k_tile), in fast memory only
+            m_new = torch.maximum(m, s.amax(dim=-1, keepdim=True))
+            p, c = torch.exp(s - m_new), torch.exp(m - m_new)
+            l, acc, m = l * c + p.sum(dim=-1, keepdim=True), acc * c + p @ v, m_new
+        mem.store("o", acc / l, qs)
+    return mem.matrices["o"]
+
+
+def measure_attention_io(seq_len: int, head_dim: int, q_tile: int, k_tile: int, dtype=torch.float16) -> tuple[int, int]:
+    """Run both versions on random Q, K, V of ``dtype`` through :class:`SlowMemory` (in float64 for the arithmetic,
+    counted at ``dtype``'s width); check that they agree with softmax attention; return the bytes each moved."""
+    g = torch.Generator().manual_seed(seq_len * 7919 + head_dim)
+    q, k, v = (torch.randn(seq_len, head_dim, generator=g, dtype=torch.float64) for _ in range(3))
+    want = torch.softmax(q @ k.T / math.sqrt(head_dim), dim=-1) @ v
+    moved = []
+    for run in (_standard_through, lambda mem: _tiled_through(mem, q_tile, k_tile)):
+        mem = SlowMemory(q=q, k=k, v=v)
+        out = run(mem)
+        assert torch.allclose(out, want, atol=1e-9), "the instrumented attention disagrees with softmax attention"
+        width = torch.empty((), dtype=dtype).element_size() / q.element_size()
+        moved.append(round((mem.read + mem.written) * width))
+    return moved[0], moved[1]

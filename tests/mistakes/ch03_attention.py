@@ -2,8 +2,8 @@
 
 from notebook_tools import Mistake
 
-BOTH = {f"ex{k}": (f"ex{k}_visible", f"ex{k}_hidden") for k in range(1, 11)}
-HIDDEN = {f"ex{k}": (f"ex{k}_hidden",) for k in range(1, 11)}
+BOTH = {f"ex{k}": (f"ex{k}_visible", f"ex{k}_hidden") for k in range(1, 12)}
+HIDDEN = {f"ex{k}": (f"ex{k}_hidden",) for k in range(1, 12)}
 
 _FILL_AND_ZERO = ("scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)\n"
                   "    weights = torch.softmax(scores, dim=-1)\n"
@@ -383,6 +383,38 @@ MISTAKES = [
     Mistake("step_after_gqa_heads_tiled", "ex5_answer",
             *_GQA_HEADS_TILED,
             BOTH["ex10"], "may call your grouped_query_attention, which fails exercise 5's tests", e2e=False),
+    # ---------------------------------------------------------------- 11: bytes moved, predicted
+    Mistake("io_standard_forgets_write_of_p", "ex11_answer",
+            "4 * seq_len * seq_len + 4", "3 * seq_len * seq_len + 4",
+            BOTH["ex11"], "the softmax writes P back to slow memory"),
+    Mistake("io_tiled_reads_kv_once", "ex11_answer",
+            "(2 + 2 * query_tiles)", "4",
+            BOTH["ex11"], "K and V are read once per query tile"),
+    Mistake("io_ignores_bytes_per_number", "ex11_answer",
+            "return bytes_per_number * seq_len * head_dim", "return seq_len * head_dim",
+            BOTH["ex11"], "that is a count of numbers"),
+    Mistake("io_tiles_by_integer_division", "ex11_answer",
+            "query_tiles = math.ceil(seq_len / q_tile)", "query_tiles = seq_len // q_tile",
+            BOTH["ex11"], "the last, shorter tile is read too"),
+    # Visible cases divide (1024 / 128) and do not (1000 / 96): the +1 shows on the first.
+    Mistake("io_tiles_one_too_many", "ex11_answer",
+            "query_tiles = math.ceil(seq_len / q_tile)", "query_tiles = seq_len // q_tile + 1",
+            BOTH["ex11"], "ceil(seq_len / q_tile), not seq_len // q_tile + 1", e2e=False),
+    Mistake("io_tiles_counted_by_key_tiles", "ex11_answer",
+            "query_tiles = math.ceil(seq_len / q_tile)", "query_tiles = math.ceil(seq_len / k_tile)",
+            BOTH["ex11"], "not that of key tiles", e2e=False),
+    Mistake("io_tiled_rereads_q_per_key_tile", "ex11_answer",
+            "return bytes_per_number * seq_len * head_dim * (2 + 2 * query_tiles)",
+            "return bytes_per_number * seq_len * head_dim * (1 + math.ceil(seq_len / k_tile) + 2 * query_tiles)",
+            BOTH["ex11"], "Q is read once in all", e2e=False),
+    Mistake("io_standard_constant_from_measurement", "ex11_answer",
+            "return bytes_per_number * (4 * seq_len * seq_len + 4 * seq_len * head_dim)", "return 8912896",
+            BOTH["ex11"], "the same number for every configuration is a value read off one case", e2e=False),
+    Mistake("io_tiled_by_measuring", "ex11_answer",
+            "query_tiles = math.ceil(seq_len / q_tile)\n",
+            "query_tiles = math.ceil(seq_len / q_tile)\n"
+            "    return checks.measure_attention_io(seq_len, head_dim, q_tile, k_tile)[1] // 2 * bytes_per_number\n",
+            BOTH["ex11"], "measuring instead of predicting", e2e=False),
 ]
 
 

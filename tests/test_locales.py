@@ -1,0 +1,107 @@
+"""The Chinese edition's catalogs (issue 30, locales/): in step with the English book, complete
+on the pages declared translated, faithful to the glossary, code and formulas left as they are.
+
+After changing English text, `make locales` brings the catalogs in step (new messages
+untranslated, changed ones fuzzy); a page joins TRANSLATED once its catalog is complete."""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+
+import pytest
+from babel.messages.pofile import read_po
+
+from notebook_tools import ROOT
+
+LOCALES = ROOT / "locales"
+MESSAGES = LOCALES / "zh_CN" / "LC_MESSAGES"
+GLOSSARY = LOCALES / "zh_CN" / "glossary.md"
+
+# Pages (Sphinx names) whose every message is translated; the rest follow in later sessions.
+TRANSLATED = [
+    "book/intro",
+]
+
+
+def catalog(page: str):
+    with open(MESSAGES / f"{page}.po", "rb") as handle:
+        return read_po(handle)
+
+
+def translated_messages():
+    """(page, English, Chinese) of every translated, not fuzzy message of every catalog."""
+    for path in sorted(MESSAGES.rglob("*.po")):
+        page = path.relative_to(MESSAGES).with_suffix("").as_posix()
+        for message in catalog(page):
+            if message.id and message.string and not message.fuzzy:
+                yield page, message.id, message.string
+
+
+def glossary() -> list[tuple[str, str]]:
+    """(English, Chinese) rows of the glossary's table, longest English term first."""
+    rows = re.findall(r"^\| ([^|]+?) \| ([^|]+?) \|", GLOSSARY.read_text(encoding="utf-8"), re.M)
+    terms = [(en, zh) for en, zh in rows if en != "English" and not set(en) <= set("-")]
+    assert len(terms) >= 12, f"{GLOSSARY} lists {len(terms)} terms: its table could not be read"
+    return sorted(terms, key=lambda row: -len(row[0]))
+
+
+ROLE = re.compile(r"\{[\w:-]+\}`([^`<]*?)\s*(?:<[^>]*>)?`")      # {doc}`text <target>`: text is prose
+CODE = re.compile(r"(?<![}`])`[^`]+`")
+MATHS = re.compile(r"\$\$.+?\$\$|\$[^$]+\$", re.S)
+
+
+def prose(text: str) -> str:
+    """A message's text without its inline code and formulas (a role keeps its text)."""
+    return MATHS.sub(" ", CODE.sub(" ", ROLE.sub(r"\1", text)))
+
+
+def test_catalogs_are_in_step_with_the_book(tmp_path):
+    """Every page has its catalog, holding exactly the page's messages: otherwise an English
+    change has not reached the catalogs (run `make locales`)."""
+    sys.path.insert(0, str(LOCALES))
+    import catalogs
+
+    pot = catalogs.extract(tmp_path)
+    stale = []
+    for template in sorted(pot.rglob("*.pot")):
+        page = template.relative_to(pot).with_suffix("").as_posix()
+        with open(template, "rb") as handle:
+            wanted = {m.id for m in read_po(handle) if m.id}
+        path = MESSAGES / f"{page}.po"
+        held = {m.id for m in catalog(page) if m.id} if path.is_file() else set()
+        if wanted != held:
+            stale.append(f"{page}: {len(wanted - held)} new, {len(held - wanted)} gone")
+    assert not stale, "catalogs behind the English text (run `make locales`): " + "; ".join(stale)
+
+
+@pytest.mark.parametrize("page", TRANSLATED)
+def test_page_declared_translated_is_complete(page):
+    missing = [m.id[:70] for m in catalog(page) if m.id and (not m.string or m.fuzzy)]
+    assert not missing, (f"{page}: {len(missing)} messages untranslated or fuzzy (after an English change, "
+                         f"update locales/zh_CN/LC_MESSAGES/{page}.po): " + " | ".join(missing[:5]))
+
+
+def test_translations_use_the_glossary():
+    terms = glossary()
+    wrong = []
+    for page, english, chinese in translated_messages():
+        text = prose(english).lower()
+        for en, zh in terms:
+            pattern = re.compile(rf"(?<![\w-]){re.escape(en.lower())}(?:e?s)?(?![\w-])")
+            if pattern.search(text):
+                text = pattern.sub(" ", text)      # "multi-head attention" is not also "attention"
+                if zh not in chinese:
+                    wrong.append(f"{page}: '{en}' is {zh} in {GLOSSARY.name}: {chinese[:60]}")
+    assert not wrong, "\n".join(wrong)
+
+
+def test_translations_keep_code_and_formulas():
+    """Inline code and formulas are copied as they are (only the prose is translated)."""
+    changed = []
+    for page, english, chinese in translated_messages():
+        for kind in (CODE, MATHS):
+            if sorted(kind.findall(english)) != sorted(kind.findall(chinese)):
+                changed.append(f"{page}: {english[:60]}")
+    assert not changed, "code or formulas differ from the English:\n" + "\n".join(changed)

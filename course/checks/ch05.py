@@ -24,8 +24,9 @@ import torch.nn as nn
 import torch.nn.functional as F
 import torch.nn.utils.clip_grad
 
-from ._core import CheckFailed, call, earlier_answers, earlier_first, expect_tensor, forbid, own_fault, unmeasured
-from ._vocabulary import TOLERANCE, Draw, compare, diagnose, draw, expect, fail, matches, when
+from ._core import (CheckFailed, call, earlier_answers, earlier_first, expect_tensor, forbid, judge_prediction, own_fault,
+                    unmeasured)
+from ._vocabulary import TOLERANCE, Draw, compare, diagnose, draw, expect, fail, judge_configured, matches, when
 
 # ----------------------------------------------------------------------------- shared models
 
@@ -1638,3 +1639,119 @@ def measure_initial_loss(cross_entropy, V: int = 50257, eps: float = 0.1, z: flo
     targets = draw("initial_loss/measure", False).randint(0, V, (2, 8))
     targets[:, -2:] = -100
     return float(cross_entropy(torch.zeros(2, 8, V, dtype=torch.float64), targets, -100, eps, z_loss=z))
+
+# ----------------------------------------------------------------------------- exercise 12
+
+# (vocab_size, n_tokens, n_bytes): the case the notebook asks about (GPT-2's vocabulary on a text of 4,200 bytes cut
+# into 1,000 tokens), and a character-level one where a character is a byte.
+UNIFORM_CASE = (50257, 1000, 4200)
+_UNIFORM_CHARS = (65, 1000, 1000)
+LN2 = math.log(2)
+
+
+def uniform_bpb_answer(vocab_size: int, n_tokens: int, n_bytes: int) -> float:
+    """Bits per byte of a model that gives each of ``vocab_size`` tokens probability 1/V: log2 V bits per token."""
+    return n_tokens * math.log2(vocab_size) / n_bytes
+
+
+def _uniform_judge(config: tuple, value) -> None:
+    V, n, b = config
+    guesses = [
+        (n * math.log(V) / b, "that is in nats per byte: bits use log2 (a loss in nats divided by ln 2)."),
+        (math.log2(V), f"that is bits per *token*: the text has {n} tokens for {b} bytes, so the bits of all the tokens "
+                       "are shared among the bytes (times n_tokens / n_bytes)."),
+        (math.log(V), "that is the loss per token in nats (log V): bits per byte counts bits (log2), per byte of text."),
+        (b * math.log2(V) / n, "the ratio is upside down: the total is n_tokens * log2(V) bits, divided by n_bytes."),
+        (float(V), "that is the uniform model's perplexity (V equally likely tokens); bits per byte is the information "
+                   "per byte: log2(V) bits per token, spread over the bytes."),
+        (n * math.log2(V) / b / 8, "bits, not bytes of information: do not divide by 8."),
+    ]
+    judge_prediction("predicted_uniform_bits_per_byte", value, uniform_bpb_answer(V, n, b),
+                     unit_hint="return your prediction as a number of bits per byte.",
+                     asked=f"the bits per byte of a uniform model (V = {V}, {n} tokens, {b} bytes)", exact=1e-9,
+                     close=0.01, close_hint="a rounded decimal is not the prediction: return the arithmetic that gives "
+                     "it, as a Python expression (math.log2(...) and the like), exact to float precision.",
+                     guesses=guesses, near=0.0, fallback="a uniform model gives each token probability 1/V: its loss "
+                     "per token is log V nats; turn the loss of all the tokens into bits, then divide by the bytes.")
+
+
+def _uniform_configs(hidden: bool) -> list[tuple]:
+    def drawn(d: Draw) -> tuple:
+        n = d.rng.randrange(1, 5000)
+        return d.rng.randrange(2, 300_000), n, max(1, round(n * d.rng.uniform(0.9, 6.0)))
+    return draw("uniform_bits_per_byte", hidden).cases([UNIFORM_CASE, _UNIFORM_CHARS], drawn, 4)
+
+
+def _check_uniform_prediction(predicted_uniform_bits_per_byte, hidden: bool = False) -> None:
+    judge_configured("predicted_uniform_bits_per_byte", predicted_uniform_bits_per_byte, _uniform_configs(hidden),
+                     uniform_bpb_answer, _uniform_judge, shown=lambda c: "vocab_size={}, n_tokens={}, "
+                     "n_bytes={}".format(*c))
+
+
+def uniform_prediction_passes(predicted_uniform_bits_per_byte) -> bool:
+    """For the exercise's demo, which shows the measurement only once the prediction passes its visible test."""
+    try:
+        _check_uniform_prediction(predicted_uniform_bits_per_byte)
+    except CheckFailed:
+        return False
+    return True
+
+
+_ALPHABET = "abcdefghij klmnop,.\n" + "éüñçø" + "αβγωλ" + "жщ" + "中文字" + "🙂🚀"    # 1, 2, 3 and 4 bytes in UTF-8
+
+
+def _as_number(got, what: str) -> float:
+    if isinstance(got, torch.Tensor) and got.numel() == 1:
+        got = got.item()
+    expect(isinstance(got, (int, float)) and not isinstance(got, bool), f"{what} returned {type(got).__name__}, "
+           "expected a number.", "return a Python float (float(...) of a 0-d tensor, or math on Python numbers).")
+    return float(got)
+
+
+def _reporting_cases(d: Draw) -> list[tuple]:
+    """(per-token losses, text): ASCII and not, float32 and float64; hidden, drawn texts and losses."""
+    def drawn(d: Draw) -> tuple:
+        text = "".join(d.rng.choice(_ALPHABET) for _ in range(d.rng.randrange(1, 400)))
+        n = d.rng.randrange(1, len(text.encode("utf-8")) + 3)
+        return d.uniform(0.0, 6.0, n, dtype=d.rng.choice([torch.float32, torch.float64])), text
+    return d.cases([(d.uniform(0.5, 4.0, 12), "To be, or not to be: that is the question."),
+                    (d.uniform(0.5, 4.0, 9, dtype=torch.float64), "naïve café, Straße, ἀρχή"),
+                    (d.uniform(0.1, 2.0, 30), "中文 and 🙂 cost 3 and 4 bytes")], drawn, 4)
+
+
+def check_perplexity_and_bpb(perplexity, bits_per_byte, predicted_uniform_bits_per_byte=None,
+                             hidden: bool = False) -> None:
+    """The prediction against the hand-derived value; perplexity and bits per byte of per-token losses against
+    float64 formulas (the text's bytes in UTF-8)."""
+    if predicted_uniform_bits_per_byte is not None:
+        _check_uniform_prediction(predicted_uniform_bits_per_byte, hidden)
+    for losses, text in _reporting_cases(draw("perplexity_bpb", hidden)):
+        x, n, n_bytes, n_chars = losses.double(), losses.numel(), len(text.encode("utf-8")), len(text)
+        what = f"{n} per-token losses ({str(losses.dtype)[6:]}) of the text {text[:40]!r} ({n_chars} characters, " \
+               f"{n_bytes} bytes)"
+        given = losses.clone()
+        ppl = _as_number(call(perplexity, given, name="perplexity"), f"perplexity of {what}")
+        expect(torch.equal(given, losses), f"perplexity of {what} changed the losses in place.", "build new tensors.")
+        compare(ppl, math.exp(x.mean().item()), f"perplexity of {what}", "perplexity is e to the mean loss per token "
+                "(the losses are in nats).", variants=[
+                    (lambda: math.exp(x.sum().item()), "the exponential of the *mean* loss per token, not of the sum: "
+                                                        "perplexity does not grow with the length of the text."),
+                    (lambda: 2 ** x.mean().item(), "the losses are in nats (natural log): perplexity is e ** mean, "
+                                                    "not 2 ** mean."),
+                    (lambda: x.exp().mean().item(), "exponentiate the mean loss; the mean of the per-token exp(loss) "
+                                                     "is larger (Jensen's inequality)."),
+                    (lambda: x.mean().item(), "that is the mean loss itself: perplexity is its exponential.")],
+                tol=(1e-9, 1e-5))
+        bpb = _as_number(call(bits_per_byte, losses.clone(), text, name="bits_per_byte"), f"bits_per_byte of {what}")
+        total_bits = x.sum().item() / LN2
+        compare(bpb, total_bits / n_bytes, f"bits_per_byte of {what}", "the sum of the losses (nats) over ln 2 gives "
+                "bits; divide by the number of bytes of the text in UTF-8.", variants=[
+                    (total_bits / n_chars, f"len(text) counts characters ({n_chars}); the text has {n_bytes} bytes "
+                                           "in UTF-8: len(text.encode('utf-8'))."),
+                    (x.sum().item() / n_bytes, "that is nats per byte: the losses are in nats, divide by ln 2 for "
+                                               "bits (log2 vs ln)."),
+                    (total_bits / n, f"that is bits per token: divide the bits of all {n} tokens by the {n_bytes} "
+                                     "bytes of the text, so that models with different tokenizers compare."),
+                    (x.mean().item() / LN2 / n_bytes, "the bits of *all* the tokens (their sum, not their mean) are "
+                                                       "divided by the bytes.")],
+                tol=(1e-9, 1e-5))

@@ -4,7 +4,7 @@ from dataclasses import dataclass, replace
 
 from notebook_tools import Mistake, TwoMistakes
 
-BOTH = {k: (f"ex{k}_visible", f"ex{k}_hidden") for k in range(1, 12)}
+BOTH = {k: (f"ex{k}_visible", f"ex{k}_hidden") for k in range(1, 13)}
 
 
 @dataclass(frozen=True)
@@ -357,3 +357,29 @@ MISTAKES.append(Mistake("resume_state_dict_not_cloned", "ex9_answer",
 MISTAKES.append(Mistake("accum_steps_the_model", "ex7_answer", "        p.grad.div_(total)\n",
                         "        p.grad.div_(total)\n        p.data.add_(p.grad, alpha=-0.01)     # a step of SGD\n",
                         BOTH[7], "accumulate_gradients only fills .grad"))
+
+# ---- exercise 12: perplexity and bits per byte, measured and predicted
+MISTAKES += [
+    Mistake("ppl_exp_of_sum", "ex12_answer", "math.exp(token_losses.double().mean().item())",
+            "math.exp(token_losses.double().sum().item())", BOTH[12], "not of the sum"),
+    Mistake("ppl_base_two", "ex12_answer", "math.exp(token_losses.double().mean().item())",
+            "2 ** token_losses.double().mean().item()", BOTH[12], "not 2 ** mean"),
+    Mistake("ppl_mean_of_exp", "ex12_answer", "math.exp(token_losses.double().mean().item())",
+            "token_losses.double().exp().mean().item()", BOTH[12], "Jensen's inequality", e2e=False),
+    Mistake("bpb_characters_not_bytes", "ex12_answer", 'n_bytes = len(text.encode("utf-8"))', "n_bytes = len(text)",
+            BOTH[12], "len(text) counts characters"),
+    Mistake("bpb_in_nats", "ex12_answer", "token_losses.double().sum().item() / math.log(2) / n_bytes",
+            "token_losses.double().sum().item() / n_bytes", BOTH[12], "that is nats per byte"),
+    Mistake("bpb_per_token", "ex12_answer", "token_losses.double().sum().item() / math.log(2) / n_bytes",
+            "token_losses.double().mean().item() / math.log(2)", BOTH[12], "that is bits per token"),
+    Mistake("uniform_bpb_in_nats", "ex12_answer", "return n_tokens * math.log2(vocab_size) / n_bytes",
+            "return n_tokens * math.log(vocab_size) / n_bytes", BOTH[12], "bits use log2", e2e=False),
+    Mistake("uniform_bpb_per_token", "ex12_answer", "return n_tokens * math.log2(vocab_size) / n_bytes",
+            "return math.log2(vocab_size)", BOTH[12], "that is bits per *token*", e2e=False),
+    Mistake("uniform_bpb_constant_from_one_case", "ex12_answer", "return n_tokens * math.log2(vocab_size) / n_bytes",
+            "return 1000 * math.log2(50257) / 4200", BOTH[12], "the same number for every configuration is a value read off one case",
+            e2e=False),
+    Mistake("uniform_bpb_by_measuring", "ex12_answer", "return n_tokens * math.log2(vocab_size) / n_bytes",
+            "return bits_per_byte(torch.full((n_tokens,), math.log(vocab_size)), 'x' * n_bytes)", BOTH[12],
+            "measuring instead of predicting", e2e=False),
+]

@@ -85,8 +85,8 @@ def _switch(page: str, site: Path) -> Path:
 
 
 def test_every_page_switches_to_the_same_page_in_the_other_language_and_back(site):
-    """Every page of both books (not only those visited)."""
-    chinese = html_pages(site / ZH)
+    """Every page of both books (not only those visited; index.html is a redirect)."""
+    chinese = [page for page in html_pages(site / ZH) if page.startswith("book/")]
     assert len(chinese) >= 40
     for page in chinese:
         english = _switch(f"{ZH}/{page}", site)

@@ -11,8 +11,11 @@ from __future__ import annotations
 from html import escape
 
 from docutils import nodes
+from sphinx import addnodes
 from sphinx.application import Sphinx
+from sphinx.locale import init as init_locale
 from sphinx.transforms import SphinxTransform
+from sphinx.util.i18n import docname_to_domain
 
 SUBFOLDER = "zh"                       # locales/catalogs.py builds the Chinese book there
 LABELS = {"en": ("zh", "中文"), "zh_CN": ("en", "English")}   # this book -> (other's lang, its label)
@@ -49,8 +52,29 @@ class SharedFormulas(SphinxTransform):
             block["translatable"] = False
 
 
+class TranslatedPartCaptions(SphinxTransform):
+    """The sidebar's part captions ("Building blocks") come from _toc.yml in toctrees that
+    sphinx-external-toc inserts (priority 100) after Sphinx has translated the page (20):
+    translate them from the page's catalog, where `make locales` put them."""
+
+    default_priority = 101
+
+    def apply(self, **kwargs) -> None:
+        if not self.config.language or self.config.language == "en":
+            return
+        domain = docname_to_domain(self.env.docname, self.config.gettext_compact)
+        folders = [str(self.env.srcdir / folder) for folder in self.config.locale_dirs]
+        catalog, found = init_locale(folders, self.config.language, domain)
+        if not found:
+            return
+        for toctree in self.document.findall(addnodes.toctree):
+            if toctree.get("caption"):
+                toctree["caption"] = catalog.gettext(toctree["caption"])
+
+
 def setup(app: Sphinx) -> dict:
     app.add_transform(SharedFormulas)
+    app.add_transform(TranslatedPartCaptions)
     app.add_css_file("language.css")
     app.connect("html-page-context", _switch)
     return {"parallel_read_safe": True, "parallel_write_safe": True}

@@ -24,6 +24,7 @@ TRANSLATED = [
     "book/intro",
     "book/ch01_embeddings/index",
     "book/ch01_embeddings/tokenization",
+    "book/ch01_embeddings/embeddings",
 ]
 
 

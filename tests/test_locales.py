@@ -25,6 +25,7 @@ TRANSLATED = [
     "book/ch01_embeddings/index",
     "book/ch01_embeddings/tokenization",
     "book/ch01_embeddings/embeddings",
+    "book/ch01_embeddings/patches",
 ]
 
 

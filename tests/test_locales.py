@@ -26,6 +26,7 @@ TRANSLATED = [
     "book/ch01_embeddings/tokenization",
     "book/ch01_embeddings/embeddings",
     "book/ch01_embeddings/patches",
+    "book/ch01_embeddings/exercises",
 ]
 
 

@@ -58,7 +58,9 @@ def update(build: Path) -> None:
 
 def build_zh(build: Path) -> int:
     """The Chinese book into <build>/html/zh, from the English build's executed pages."""
-    overrides = {"language": LANGUAGE, "nb_execution_cache_path": str(build / ".jupyter_cache")}
+    overrides = {"language": LANGUAGE, "nb_execution_cache_path": str(build / ".jupyter_cache"),
+                 # myst-nb's labels of folded cells are settings, not messages
+                 "nb_code_prompt_show": "展开单元格", "nb_code_prompt_hide": "收起单元格"}
     status = _build(build / "html" / SUBFOLDER, "html", overrides, build / ".doctrees-zh")
     # book/_ext/offline_book.py stages its served files next to the output folder, which
     # here is inside the English book: the Chinese book has its own copy in zh/_static

@@ -54,6 +54,24 @@ def update(build: Path) -> None:
     sphinx_intl = Path(sys.executable).with_name("sphinx-intl")
     subprocess.run([str(sphinx_intl), "update", "-p", str(pot), "-d", str(LOCALES), "-l", LANGUAGE,
                     "-w", "0"], check=True)
+    for path in sorted((LOCALES / LANGUAGE / "LC_MESSAGES").rglob("*.po")):
+        _drop_untranslated_obsolete(path)
+
+
+def _drop_untranslated_obsolete(path: Path) -> None:
+    """sphinx-intl keeps a message the English no longer has (#~): worth it for a translation
+    (it helps translate the changed text), noise for an empty one."""
+    from babel.messages.pofile import read_po, write_po
+
+    with open(path, "rb") as handle:
+        catalog = read_po(handle)
+    empty = [key for key, message in catalog.obsolete.items() if not message.string]
+    if not empty:
+        return
+    for key in empty:
+        del catalog.obsolete[key]
+    with open(path, "wb") as handle:
+        write_po(handle, catalog, width=0)
 
 
 def build_zh(build: Path) -> int:

@@ -22,6 +22,7 @@ GLOSSARY = LOCALES / "zh_CN" / "glossary.md"
 # Pages (Sphinx names) whose every message is translated; the rest follow in later sessions.
 TRANSLATED = [
     "book/intro",
+    "book/dtype-and-device",
     "book/ch01_embeddings/index",
     "book/ch01_embeddings/tokenization",
     "book/ch01_embeddings/embeddings",

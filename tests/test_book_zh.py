@@ -94,6 +94,15 @@ def test_every_page_switches_to_the_same_page_in_the_other_language_and_back(sit
         assert _switch(page, site) == (site / ZH / page).resolve(), page
 
 
+@pytest.fixture(scope="module")
+def browser(site):
+    """One Chromium and one server for the tests that drive pages themselves."""
+    chromium_browser, server = Browser(_browser_or_skip()), Server(site)
+    yield chromium_browser, server
+    chromium_browser.close()
+    server.close()
+
+
 def _follow_switch(browser: Browser, url: str) -> tuple[str, str]:
     tab = browser.context.new_page()
     try:
@@ -105,52 +114,45 @@ def _follow_switch(browser: Browser, url: str) -> tuple[str, str]:
         tab.close()
 
 
-def test_the_switch_lands_on_the_same_page_from_file_and_served(site):
-    browser, server = Browser(_browser_or_skip()), Server(site)
+def test_the_switch_lands_on_the_same_page_from_file_and_served(site, browser):
+    chromium_browser, server = browser
     page = "book/ch01_embeddings/index.html"
-    try:
-        for url in ((site / ZH / page).as_uri(), server.url(f"{ZH}/{page}")):
-            landed, lang = _follow_switch(browser, url)
-            assert landed == url.replace(f"/{ZH}/", "/") and lang == "en", (url, landed, lang)
-            back, lang = _follow_switch(browser, landed)
-            assert back == url and lang == "zh-CN", (landed, back, lang)
-    finally:
-        browser.close()
-        server.close()
+    for url in ((site / ZH / page).as_uri(), server.url(f"{ZH}/{page}")):
+        landed, lang = _follow_switch(chromium_browser, url)
+        assert landed == url.replace(f"/{ZH}/", "/") and lang == "en", (url, landed, lang)
+        back, lang = _follow_switch(chromium_browser, landed)
+        assert back == url and lang == "zh-CN", (landed, back, lang)
 
 
 ARTICLE_TEXT = """() => Array.from(document.querySelectorAll('.bd-article h1, .bd-article p, .bd-article li'))
   .filter(e => !e.closest('.cell_output, pre, .highlight')).map(e => e.innerText.trim()).filter(t => t)"""
 
 
-def test_translated_pages_show_chinese(site):
+def test_translated_pages_show_chinese(browser):
     """Each heading, paragraph and list item of a page declared translated holds Chinese,
     unless it has no words to translate (only code, formulas or numbers)."""
-    browser, server = Browser(_browser_or_skip()), Server(site)
+    chromium_browser, server = browser
     english = []
+    tab = chromium_browser.context.new_page()
     try:
         for page in TRANSLATED:
-            tab = browser.context.new_page()
             tab.goto(server.url(f"{ZH}/{page}.html"), wait_until="load")
             texts = tab.evaluate(ARTICLE_TEXT)
-            tab.close()
             assert len(texts) >= 5, page
             english += [f"{page}: {t[:80]}" for t in texts
                         if not CJK.search(t) and re.search(r"[A-Za-z]{4,}\s+[A-Za-z]{3,}\s+[A-Za-z]{3,}", t)]
     finally:
-        browser.close()
-        server.close()
+        tab.close()
     assert not english, "English left on translated pages:\n" + "\n".join(english)
 
 
-def test_chinese_search_finds_a_chinese_word(site):
-    browser, server = Browser(_browser_or_skip()), Server(site)
+def test_chinese_search_finds_a_chinese_word(browser):
+    chromium_browser, server = browser
+    tab = chromium_browser.context.new_page()
     try:
-        tab = browser.context.new_page()
         tab.goto(server.url(f"{ZH}/search.html?q={SEARCHED}"), wait_until="load")
         tab.wait_for_function("document.querySelectorAll('#search-results li').length > 0", timeout=30_000)
         found = tab.evaluate("Array.from(document.querySelectorAll('#search-results li a')).map(a => a.href)")
     finally:
-        browser.close()
-        server.close()
+        tab.close()
     assert any(link.split("?")[0].endswith("/zh/book/intro.html") for link in found), found

@@ -28,6 +28,7 @@ TRANSLATED = [
     "book/ch01_embeddings/embeddings",
     "book/ch01_embeddings/patches",
     "book/ch01_embeddings/exercises",
+    "book/ch02_positions/index",
 ]
 
 

@@ -410,10 +410,9 @@ MISTAKES = [
     Mistake("io_standard_constant_from_measurement", "ex11_answer",
             "return bytes_per_number * (4 * seq_len * seq_len + 4 * seq_len * head_dim)", "return 8912896",
             BOTH["ex11"], "the same number for every configuration is a value read off one case", e2e=False),
-    Mistake("io_tiled_by_measuring", "ex11_answer",
-            "query_tiles = math.ceil(seq_len / q_tile)\n",
-            "query_tiles = math.ceil(seq_len / q_tile)\n"
-            "    return checks.measure_attention_io(seq_len, head_dim, q_tile, k_tile)[1] // 2 * bytes_per_number\n",
+    # The tiles counted on a tensor (split gives the ragged last one): a measurement, which a prediction may not run.
+    Mistake("io_tiles_counted_on_a_tensor", "ex11_answer",
+            "query_tiles = math.ceil(seq_len / q_tile)", "query_tiles = len(torch.zeros(seq_len).split(q_tile))",
             BOTH["ex11"], "measuring instead of predicting", e2e=False),
 ]
 

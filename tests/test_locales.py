@@ -2,7 +2,7 @@
 on the pages declared translated, faithful to the glossary, code and formulas left as they are.
 
 After changing English text, `make locales` brings the catalogs in step (new messages
-untranslated, changed ones fuzzy); a page joins TRANSLATED once its catalog is complete."""
+untranslated, changed ones fuzzy); a page whose catalog has a translation must be complete."""
 
 from __future__ import annotations
 
@@ -19,8 +19,9 @@ LOCALES = ROOT / "locales"
 MESSAGES = LOCALES / "zh_CN" / "LC_MESSAGES"
 GLOSSARY = LOCALES / "zh_CN" / "glossary.md"
 
-# Pages (Sphinx names) whose every message is translated; the rest follow in later sessions.
-TRANSLATED = [
+# Pages (Sphinx names) whose every message is translated: at least these, and every page whose
+# catalog has a translated message (a page is translated whole, never in part).
+DONE = [
     "book/intro",
     "book/dtype-and-device",
     "book/ch01_embeddings/index",
@@ -30,6 +31,19 @@ TRANSLATED = [
     "book/ch01_embeddings/exercises",
     "book/ch02_positions/index",
 ]
+
+
+def _started() -> list[str]:
+    """Pages whose catalog holds a translated message."""
+    found = []
+    for path in sorted(MESSAGES.rglob("*.po")):
+        with open(path, "rb") as handle:
+            if any(m.id and m.string for m in read_po(handle)):
+                found.append(path.relative_to(MESSAGES).with_suffix("").as_posix())
+    return found
+
+
+TRANSLATED = DONE + [page for page in _started() if page not in DONE]
 
 
 def catalog(page: str):

@@ -682,6 +682,13 @@ def _lr_call(lr_at, step, max_lr, min_lr, warmup, max_steps, decay_steps):
         raise
 
 
+# A schedule without decay_steps is the book's; its hint does not speak of a stable phase.
+_LR_HINT = ("after the warm-up, lr = min_lr + (max_lr - min_lr) * (1 + cos(pi p)) / 2 with "
+            "p = (step - warmup_steps) / (max_steps - warmup_steps), and min_lr after max_steps.")
+_LR_HINT_STABLE = ("lr = min_lr + (max_lr - min_lr) * (1 + cos(pi p)) / 2 with p = (step - start) / decay_steps "
+                   "and start = max_steps - decay_steps (decay_steps = max_steps - warmup_steps by default).")
+
+
 def check_lr_at(lr_at, hidden: bool = False, stable_phase: bool = True) -> None:
     """Every step of several schedules, those without decay_steps first; ``stable_phase=False`` checks
     only those (an lr_at of the book's signature, without decay_steps)."""
@@ -704,10 +711,9 @@ def check_lr_at(lr_at, hidden: bool = False, stable_phase: bool = True) -> None:
                    f"lr_at returned {type(got).__name__}, expected a float.",
                    "return a Python float (math.cos, not torch.cos).")
             compare(got, float(_lr_oracle(step, max_lr, min_lr, warmup, max_steps, decay_steps)),
-                    f"lr_at({step}, max_lr={max_lr}, min_lr={min_lr}, warmup_steps={warmup}, max_steps={max_steps}, "
-                    f"decay_steps={decay_steps})",
-                    "lr = min_lr + (max_lr - min_lr) * (1 + cos(pi p)) / 2 with p = (step - start) / decay_steps "
-                    "and start = max_steps - decay_steps (decay_steps = max_steps - warmup_steps by default).",
+                    f"lr_at({step}, max_lr={max_lr}, min_lr={min_lr}, warmup_steps={warmup}, max_steps={max_steps}"
+                    + (")" if decay_steps is None else f", decay_steps={decay_steps})"),
+                    _LR_HINT if decay_steps is None else _LR_HINT_STABLE,
                     variants=_lr_variants(step, max_lr, min_lr, warmup, max_steps, decay_steps))
 
 # ----------------------------------------------------------------------------- exercise 6

@@ -80,7 +80,7 @@ def _check_tool(name: str, tools: dict, hidden: bool) -> None:
         what, hint = ("lr_at differs from chapter 5's schedule where a piece of it starts or ends (step 0, the end "
                       "of warm-up, max_steps or after it).",
                       "lr = max_lr * (step + 1) / warmup_steps during warm-up, then min_lr + (max_lr - min_lr) * "
-                      "(1 + cos(pi p)) / 2 with p = (step - warmup) / (max_steps - warmup), then min_lr.")
+                      "(1 + cos(pi p)) / 2 with p = (step - warmup_steps) / (max_steps - warmup_steps), then min_lr.")
     except CheckFailed as err:
         what, hint = err.what, err.hint
     fail(f"{name} (chapter {chapter}, exercise {exercise}) fails its chapter's test: {what}", f"in {name}: {hint}")

@@ -72,7 +72,7 @@ MISTAKES = [
             "    progress = (step - warmup_steps) / (max_steps - warmup_steps)\n",
             "    progress = (step - warmup_steps) / (max_steps - warmup_steps)\n"
             "    progress = progress * 0.9 if warmup_steps > 10 else progress\n",
-            ("tools_hidden",), "with p = (step - warmup) / (max_steps - warmup), then min_lr"),
+            ("tools_hidden",), "p = (step - warmup_steps) / (max_steps - warmup_steps)"),
     Mistake("tool_cosine_to_zero", "tools_answer",
             "return min_lr + 0.5 * (1 + math.cos(math.pi * progress)) * (max_lr - min_lr)",
             "return 0.5 * (1 + math.cos(math.pi * progress)) * max_lr", TOOLS + EX2, "the cosine decays to min_lr"),

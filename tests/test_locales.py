@@ -136,3 +136,16 @@ def test_translations_keep_code_and_formulas():
             if sorted(kind.findall(without_roles(english))) != sorted(kind.findall(without_roles(chinese))):
                 changed.append(f"{page}: {english[:60]}")
     assert not changed, "code or formulas differ from the English:\n" + "\n".join(changed)
+
+
+def test_translations_keep_their_emphasis_and_code():
+    """Bold, emphasis and inline code render in the Chinese as in the English. CommonMark does
+    not close `**` between full-width punctuation and a Chinese character (`**标题。**正文`
+    shows its asterisks): write `**标题**。正文`."""
+    from markdown_it import MarkdownIt
+
+    inline = MarkdownIt("commonmark").renderInline
+    count = lambda text: [len(re.findall(f"<{tag}>", inline(text))) for tag in ("strong", "em", "code")]  # noqa: E731
+    lost = [f"{page}: {chinese[:70]}" for page, english, chinese in translated_messages()
+            if count(english) != count(chinese)]
+    assert not lost, "emphasis or code rendered differently from the English:\n" + "\n".join(lost)

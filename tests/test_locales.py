@@ -132,9 +132,12 @@ def test_translations_keep_code_and_formulas():
     """Inline code and formulas are copied as they are (only the prose is translated)."""
     changed = []
     for page, english, chinese in translated_messages():
-        for kind in (CODE, MATHS):
-            if sorted(kind.findall(without_roles(english))) != sorted(kind.findall(without_roles(chinese))):
-                changed.append(f"{page}: {english[:60]}")
+        en, zh = without_roles(english), without_roles(chinese)
+        same_code = sorted(CODE.findall(en)) == sorted(CODE.findall(zh))
+        # formulas outside inline code: a `$` in code (`phy$`) opens no formula
+        same_maths = sorted(MATHS.findall(CODE.sub(" ", en))) == sorted(MATHS.findall(CODE.sub(" ", zh)))
+        if not (same_code and same_maths):
+            changed.append(f"{page}: {english[:60]}")
     assert not changed, "code or formulas differ from the English:\n" + "\n".join(changed)
 
 

@@ -172,9 +172,13 @@ CONTROLLED = {
     # torch's dispatch modes (where the kernel watches operators) turned off around the call.
     "saved_builtins": ("ex4_answer", SAVED_BUILTINS),
     "saved_autograd": ("ex4_answer", SAVED_BUILTINS.replace("return _E(self.weight, ids)", "return self.weight[ids]")),
+    # (its backward written by hand, so that only the rule switched off decides the test cell)
     "dispatch_modes_off": ("ex4_answer", SAVED_BUILTINS.replace("return _E(self.weight, ids)", (
         "with _disable_current_modes():\n            return _E(self.weight, ids)")).replace(
-        "import torch\n", "import torch\nfrom torch.utils._python_dispatch import _disable_current_modes\n")),
+        "import torch\n", "import torch\nfrom torch.utils._python_dispatch import _disable_current_modes\n").replace(
+        "    return _G(table[ids], table, grad_output)[0]\n",
+        "    table = table.detach().index_add(0, ids.reshape(-1), grad_output.reshape(-1, grad_output.shape[-1]))\n"
+        "    if padding_idx is not None:\n        table[padding_idx] = 0\n    return table\n")),
     # The grader made to spend memory and time (each must cost it under MEMORY_BOUND).
     "huge_size_reply": ("ex1_answer", (
         "import torch\n\ndef get_pair_counts(ids):\n    return torch.Size([1] * 5_000_000)\n\n\n"

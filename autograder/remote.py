@@ -100,7 +100,7 @@ def _refuse_a_pass_under_doubt() -> None:
     rules = ", ".join(sorted(_DOUBTED))
     _DOUBTED.clear()
     raise CheckFailed.of(f"This test relies on a rule the grader sets up in your kernel ({rules}), and your "
-                         f"code can switch such rules off ({finding}); it scores nothing until an instructor "
+                         f"code can switch such rules off (below); it scores nothing until an instructor "
                          f"reviews it.",
                          f"{finding}. An answer needs only torch's public functions: take that out and this "
                          f"test counts again.")

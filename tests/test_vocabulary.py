@@ -8,7 +8,7 @@ import torch
 from course.checks import CheckFailed
 from course.checks._core import earlier_first
 from course.checks._hidden import set_grading_seed
-from course.checks._vocabulary import compare, diagnose, draw, fail, matches
+from course.checks._vocabulary import call_on_copies, compare, diagnose, draw, fail, matches
 
 
 def test_a_failure_carries_its_parts_as_fields_and_reads_as_before():
@@ -136,3 +136,13 @@ def test_judge_configured_runs_a_prediction_unmeasured_and_names_a_constant(pred
     with pytest.raises(CheckFailed) as caught:
         run()
     assert hint in str(caught.value), str(caught.value)
+
+
+def test_call_on_copies_hands_copies_and_fails_an_answer_that_changes_one():
+    x, nan = torch.arange(3.0), torch.tensor([float("nan"), 1.0])
+    assert torch.equal(call_on_copies(lambda t, k: t * k, x, 2, name="double"), 2 * x)
+    call_on_copies(lambda t: t + 1, nan, name="f")              # NaN in an input is no change
+    with pytest.raises(CheckFailed) as caught:
+        call_on_copies(lambda t, scale=None: scale.mul_(2), x, scale=x, name="double", hint="build a new tensor.")
+    assert torch.equal(x, torch.arange(3.0)) and caught.value.hint == "build a new tensor."
+    assert caught.value.what == "double changed one of its input tensors in place."

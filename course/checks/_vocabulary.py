@@ -225,3 +225,18 @@ def judge_configured(name: str, predict: Callable, configs: list[tuple], answer:
                  "the same number for every configuration is a value read off one case (the notebook's "
                  f"measurement, or the worked example), not a prediction: compute it from the arguments {name} "
                  "receives, with plain arithmetic.")
+
+
+# ----------------------------------------------------------------------------- inputs left as drawn
+
+def call_on_copies(fn: Callable, *args: Any, name: str | None = None,
+                   hint: str = "build new tensors: the spec says no input is changed in place.", **kwargs: Any) -> Any:
+    """``call(fn, *args, **kwargs)`` with copies of the tensors among the arguments (top level), so that the
+    oracle and the variants see the inputs as drawn; fails with ``hint`` when the answer changed a copy."""
+    copy = lambda a: a.clone() if isinstance(a, torch.Tensor) else a  # noqa: E731
+    given, given_kwargs = [copy(a) for a in args], {k: copy(v) for k, v in kwargs.items()}
+    out = call(fn, *given, name=name, **given_kwargs)
+    pairs = [*zip(args, given), *((kwargs[k], given_kwargs[k]) for k in kwargs)]
+    expect(all(not isinstance(a, torch.Tensor) or torch.equal(a, g) or matches(g, a, EXACT) for a, g in pairs),
+           f"{name or getattr(fn, '__name__', 'your code')} changed one of its input tensors in place.", hint)
+    return out

@@ -60,7 +60,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--root", type=Path, help="course repository (default: found from here)")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    sub.add_parser("generate", help="regenerate exercises/ from solutions/")
+    sub.add_parser("generate", help="regenerate exercises/ (and exercises-zh/) from solutions/")
 
     grade = _grade_parser(sub)
 
@@ -89,9 +89,13 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "generate":
             from .generate import generate_exercises
 
+            from .translation import LANGUAGES
+
             root = repo_root(args.root)
-            names = generate_exercises(root / "solutions", root / "exercises")
-            print(f"generated exercises/ for: {', '.join(names)}")
+            names = generate_exercises(root / "solutions", root / "exercises",
+                                       {language: root / folder for language, folder in LANGUAGES.items()})
+            folders = ", ".join(f"{folder}/" for folder in ("exercises", *LANGUAGES.values()))
+            print(f"generated {folders} for: {', '.join(names)}")
             return 0
         if args.command == "grade":
             from .grade import grade_folder

@@ -69,6 +69,7 @@ from .submission import inspect_submission, read_release
 from .result import WORK_DIR, GradeResult, collect, copy_tree, record
 from .rows import Found, GradeRow  # noqa: F401 - Found: part of the API
 from .tamper import REVIEW, scan_notebook
+from .translation import translated_releases
 
 IGNORED = {".ipynb_checkpoints", "__pycache__", "__MACOSX"}
 
@@ -198,6 +199,7 @@ class Grader:
         self._ids: dict[str, str] = {}
         self._max: dict[str, float] = {}
         self._releases: dict[tuple[str, str], nbformat.NotebookNode] = {}
+        self._translations: dict[tuple[str, str], list[nbformat.NotebookNode]] = {}
         self._pool = None               # local workers started early (see _early_pool)
 
     # ------------------------------------------------------------------ setting up
@@ -283,6 +285,15 @@ class Grader:
         if key not in self._releases:
             self._releases[key] = read_release(self.tree.release_path(assignment, notebook))
         return self._releases[key]
+
+    def _translated(self, assignment: str, notebook: str) -> list[nbformat.NotebookNode]:
+        """The release in the other languages it is shipped in (exercises-zh/), made from the
+        catalogs as `make exercises` makes it: a submission may start from any of them."""
+        key = (assignment, notebook)
+        if key not in self._translations:
+            self._translations[key] = translated_releases(self._release(assignment, notebook),
+                                                          self.solutions_dir.parent, assignment)
+        return self._translations[key]
 
     # ------------------------------------------------------------------ the run
     def grade_all(self, submissions: Path, show_progress: bool = True) -> list[GradeRow]:
@@ -519,7 +530,7 @@ class Grader:
         if source.exists() and not source.is_file():
             row.notes.append(f"{notebook}: {source.name} is not a regular file; not graded")
             return "refused"
-        found = inspect_submission(source, release)
+        found = inspect_submission(source, release, self._translated(assignment, notebook))
         if not found.readable:
             row.notes.append(f"{notebook}: {found.problem}" + _other_notebooks(source))
             return "unreadable"

@@ -45,9 +45,12 @@ def read_release(path: Path) -> nbformat.NotebookNode:
         return nbformat.read(f, as_version=4)
 
 
-def inspect_submission(path: Path, released: nbformat.NotebookNode) -> Inspection:
+def inspect_submission(path: Path, released: nbformat.NotebookNode,
+                       translated: list[nbformat.NotebookNode] | tuple = ()) -> Inspection:
     """Read a submitted notebook, once, and compare it with the released one it started from;
-    the notebook read is ``Inspection.notebook`` (the scan and the repairs work on it)."""
+    the notebook read is ``Inspection.notebook`` (the scan and the repairs work on it).
+    ``translated``: the same release in other languages (:mod:`autograder.translation`), whose
+    Markdown is translated and code the same: a locked cell as one of them has it is unedited."""
     try:
         with open(path, encoding="utf-8") as f, warnings.catch_warnings():
             warnings.simplefilter("ignore")        # duplicated cell ids: the repairs renumber them
@@ -66,9 +69,13 @@ def inspect_submission(path: Path, released: nbformat.NotebookNode) -> Inspectio
         if grade_id:
             present.setdefault(grade_id, []).append(cell.source)
     found = Inspection(notebook=submitted)
-    for grade_id, source in locked_sources(released).items():
+    as_released: dict[str, set[str]] = {}
+    for release in (released, *translated):
+        for grade_id, source in locked_sources(release).items():
+            as_released.setdefault(grade_id, set()).add(comparable(source))
+    for grade_id in locked_sources(released):
         if grade_id not in present:
             found.deleted_cells.append(grade_id)
-        elif any(comparable(copy) != comparable(source) for copy in present[grade_id]):
+        elif any(comparable(copy) not in as_released[grade_id] for copy in present[grade_id]):
             found.edited_cells.append(grade_id)
     return found

@@ -8,6 +8,11 @@ its pages not executed: code cells and outputs never become messages) into
 _build/gettext, then `sphinx-intl update` merges them into locales/zh_CN/LC_MESSAGES/:
 a changed English paragraph turns its translation fuzzy, a new one comes untranslated.
 
+The exercise notebooks' Markdown cells are messages too (`update` writes
+_build/gettext/notebooks/<chapter>.pot from solutions/<chapter>/*.ipynb, cut as
+autograder/translation.py cuts them; their catalogs are LC_MESSAGES/notebooks/<chapter>.po);
+`make exercises` writes the Chinese release of each notebook from them into exercises-zh/.
+
 `build` runs the same Sphinx configuration as `jupyter-book build` with `language =
 "zh_CN"`, reading the English build's executed notebooks (<_build>/.jupyter_cache), so
 no page is executed twice.
@@ -45,7 +50,35 @@ def extract(build: Path) -> Path:
     status = _build(pot, "gettext", {"nb_execution_mode": "off"}, build / ".doctrees-gettext", fresh=True)
     if status:
         sys.exit(f"extracting the book's messages failed (status {status}); see Sphinx's output above")
+    extract_notebooks(pot / "notebooks")
     return pot
+
+
+def extract_notebooks(folder: Path) -> None:
+    """One .pot per chapter: the messages of its solution notebooks' Markdown cells, each with
+    the grade_id (or number) of its cell as a comment for the translator."""
+    import nbformat
+    from babel.messages.catalog import Catalog
+    from babel.messages.pofile import write_po
+
+    from autograder.translation import markdown_messages
+
+    folder.mkdir(parents=True, exist_ok=True)
+    for chapter in sorted(p for p in (ROOT / "solutions").iterdir() if any(p.glob("*.ipynb"))):
+        catalog = Catalog(project="Transformers by Building Them", copyright_holder="the course authors")
+        for path in sorted(chapter.glob("*.ipynb")):
+            for number, cell in enumerate(nbformat.read(path, as_version=4).cells):
+                if cell.cell_type != "markdown":
+                    continue
+                where = f"{path.stem}: {cell.metadata.get('nbgrader', {}).get('grade_id') or f'cell {number}'}"
+                for message in markdown_messages(cell.source):
+                    known = catalog.get(message)
+                    if known is None:
+                        catalog.add(message, auto_comments=[where])
+                    elif where not in known.auto_comments:
+                        known.auto_comments.append(where)
+        with open(folder / f"{chapter.name}.pot", "wb") as handle:
+            write_po(handle, catalog, width=0, omit_header=False)
 
 
 def update(build: Path) -> None:

@@ -20,30 +20,27 @@ import torch.nn.functional as F
 from ._core import CheckFailed, call, earlier_answers, earlier_first, expect_tensor, forbid, judge_prediction
 from ._core import one_thread as _one_thread
 from ._recorders import LargestTensor as _LargestTensor
-from ._vocabulary import compare, diagnose, draw, expect, fail, judge_configured, matches, when
+from ._vocabulary import call_on_copies, compare, diagnose, draw, expect, fail, judge_configured, matches, when
 
 # ----------------------------------------------------------------------------- helpers
 
 _SDPA = ((F, "scaled_dot_product_attention"), (F, "multi_head_attention_forward"))
-
-
-def _copies(*tensors):  # vocabulary? every check that hands tensors to an answer needs it
-    """What the answer gets: copies, so that the oracle and the variants see the inputs as drawn."""
-    return [t if t is None else t.clone() for t in tensors]
-
-
 _IN_PLACE = ("build new tensors (q = q / s, not q /= s or q.div_(s); F.elu(q), not F.elu_(q)): the caller reads its "
              "tensors again (a cache, the residual stream), and the spec says no input is changed.")
 
 
-def _call_on_copies(fn, tensors: tuple, *args, name: str, **kwargs):
-    """call(fn, copies of tensors, *args): the oracle and the variants see the inputs as drawn, and the answer
-    must leave its copies as they were (the chapter's rule: no input is changed in place)."""
-    given = _copies(*tensors)
-    out = call(fn, *given, *args, name=name, **kwargs)
-    expect(all(g is None or torch.equal(g, t) for g, t in zip(given, tensors)),
-           f"{name} changed one of its input tensors in place.", _IN_PLACE)
-    return out
+def _run(fn, *args, name: str, exercise: str, hint: str = _IN_PLACE, **kwargs):
+    """The answer's result on copies of its tensor arguments (the oracle and the variants see the inputs as drawn;
+    the chapter's rule: no input is changed in place), the built-in attention forbidden; and the largest tensor
+    it created."""
+    largest = _LargestTensor()
+    with forbid(*_SDPA, exercise=exercise), largest:
+        return call_on_copies(fn, *args, name=name, hint=hint, **kwargs), largest
+
+
+def _expect_result(got, shape, dtype, label: str, hint: str = "keep the dtype of q.") -> None:
+    expect_tensor(got, tuple(shape), label)
+    expect(got.dtype == dtype, f"{label} returned {got.dtype}, expected {dtype}.", hint)
 
 
 def _blame_attention_answer(who: str, scaled_dot_product_attention):
@@ -52,9 +49,9 @@ def _blame_attention_answer(who: str, scaled_dot_product_attention):
                                                 scaled_dot_product_attention, check_scaled_dot_product_attention)))
 
 
-def _full_matrix_hint(exercise: str, largest, T_q: int, T_k: int) -> str:
-    return (f"{exercise} created a tensor of {largest.nbytes:,} bytes (in {largest.op}), as large as the full "
-            f"(T_q, T_k) = ({T_q}, {T_k}) score matrix for every batch entry.")
+def _expect_no_full_matrix(small: bool, exercise: str, largest, T_q: int, T_k: int, hint: str) -> None:
+    expect(small, f"{exercise} created a tensor of {largest.nbytes:,} bytes (in {largest.op}), as large as the full "
+           f"(T_q, T_k) = ({T_q}, {T_k}) score matrix for every batch entry.", hint)
 
 
 def _random_mask(d, shape: tuple[int, ...], p: float) -> torch.Tensor:
@@ -98,11 +95,17 @@ def _softmax_variants(x: torch.Tensor, dim: int) -> list:
     ]
 
 
+def _drawn_softmax_case(d) -> tuple:
+    shape = tuple(d.rng.randrange(1, 7) for _ in range(d.rng.randrange(1, 4)))
+    dim = d.rng.randrange(-len(shape), len(shape))
+    scale, offset = d.rng.choice([1.0, 10.0, 30.0]), d.rng.choice([0.0, 200.0, -500.0, 1000.0])
+    return d.randn(*shape) * scale + offset, dim, f"a {shape} input (scale {scale:g}, offset {offset:g}) along dim={dim}"
+
+
 @_one_thread
 def check_softmax(softmax, hidden: bool = False) -> None:
-    d = draw("softmax", hidden)
+    d, t = draw("softmax", hidden), torch.tensor
     # (x, dim, what): small, overflowing, -inf and float64 inputs; more shapes and offsets when hidden.
-    t = torch.tensor
     cases = [(t([[1.0, 2.0, 3.0], [0.0, 0.0, 0.0]]), -1, "a small example"),
              (d.randn(3, 5), -1, "a (3, 5) input along dim=-1"), (d.randn(4, 4), -1, "a (4, 4) input along dim=-1"),
              (d.randn(4, 6), 0, "a (4, 6) input along dim=0"),
@@ -113,26 +116,14 @@ def check_softmax(softmax, hidden: bool = False) -> None:
     if d.hidden:
         cases += [(d.randn(2, 3, 7) * 30, 1, "a (2, 3, 7) input along dim=1"),
                   (d.randn(2, 3, 7) * 30 + 500, -1, "a (2, 3, 7) input with large values"),
-                  (d.randn(5, dtype=torch.float64), 0, "a float64 vector"),
-                  (d.randn(3, 1), -1, "a single column"),
+                  (d.randn(5, dtype=torch.float64), 0, "a float64 vector"), (d.randn(3, 1), -1, "a single column"),
                   (-d.uniform(0, 1e4, 6, 6), -2, "large negative entries along dim=-2")]
-
-    def drawn(d):
-        shape = tuple(d.rng.randrange(1, 7) for _ in range(d.rng.randrange(1, 4)))
-        dim = d.rng.randrange(-len(shape), len(shape))
-        scale, offset = d.rng.choice([1.0, 10.0, 30.0]), d.rng.choice([0.0, 200.0, -500.0, 1000.0])
-        return (d.randn(*shape) * scale + offset, dim,
-                f"a {shape} input (scale {scale:g}, offset {offset:g}) along dim={dim}")
-    cases = d.cases(cases, drawn, 2)
-    for x, dim, what in cases:
-        (given,) = _copies(x)
+    for x, dim, what in d.cases(cases, _drawn_softmax_case, 2):
         with forbid(*_SOFTMAX_BUILTINS, exercise="the softmax"):
-            got = call(softmax, given, dim)
-        expect_tensor(got, tuple(x.shape), f"softmax of {what}")
-        expect(torch.equal(given, x), "softmax changed its input tensor.",
-               "avoid in-place operations such as x -= ... or x.exp_(): compute a new tensor.")
-        expect(got.dtype == x.dtype, f"softmax of a {x.dtype} input returned {got.dtype}.",
-               "keep the input's dtype: do not convert with .float() or build constants in another dtype.")
+            got = call_on_copies(softmax, x, dim, name="softmax", hint="avoid in-place operations such as x -= ... "
+                                 "or x.exp_(): compute a new tensor.")
+        _expect_result(got, x.shape, x.dtype, f"softmax of {what}", "keep the input's dtype: do not convert with "
+                       ".float() or build constants in another dtype.")
         compare(got, torch.softmax(x.double(), dim=dim).to(x.dtype), f"softmax of {what} (dim={dim})",
                 "divide by the sum of the exponentials along dim (keepdim=True), so that every slice sums to 1.",
                 variants=_softmax_variants(x, dim))
@@ -1479,3 +1470,22 @@ def measure_attention_io(seq_len: int, head_dim: int, q_tile: int, k_tile: int, 
         width = torch.empty((), dtype=dtype).element_size() / q.element_size()
         moved.append(round((mem.read + mem.written) * width))
     return moved[0], moved[1]
+
+# ----------------------------------------------------------------------------- legacy (removed as the exercises move)
+
+
+def _copies(*tensors):
+    return [t if t is None else t.clone() for t in tensors]
+
+
+def _call_on_copies(fn, tensors: tuple, *args, name: str, **kwargs):
+    given = _copies(*tensors)
+    out = call(fn, *given, *args, name=name, **kwargs)
+    expect(all(g is None or torch.equal(g, t) for g, t in zip(given, tensors)),
+           f"{name} changed one of its input tensors in place.", _IN_PLACE)
+    return out
+
+
+def _full_matrix_hint(exercise: str, largest, T_q: int, T_k: int) -> str:
+    return (f"{exercise} created a tensor of {largest.nbytes:,} bytes (in {largest.op}), as large as the full "
+            f"(T_q, T_k) = ({T_q}, {T_k}) score matrix for every batch entry.")

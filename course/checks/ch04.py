@@ -1,22 +1,20 @@
-"""Checks for chapter 4: activations, the feed-forward network, SwiGLU from a fused gate-and-up
-matrix and its hidden width, LayerNorm over several trailing dimensions, RMSNorm along any
-axis, a Llama-style decoder block (RMSNorm, RoPE, causal grouped-query attention, SwiGLU;
-Pre-LN or Post-LN), the parameter count of a whole model and the FFN's activation memory, a
-top-k mixture of experts with capacity and its load-balancing loss, and the FFNs' share of a
-model's parameters (predicted, then measured).
+"""Checks for chapter 4: activations, the FFN, SwiGLU (its width; a fused gate-and-up matrix), LayerNorm over
+several trailing dimensions, RMSNorm along any axis, a Llama-style decoder block (RMSNorm, RoPE, causal
+grouped-query attention, SwiGLU; Pre-LN or Post-LN), a model's parameter count and the FFN's activation memory,
+a top-k mixture of experts with capacity and its load-balancing loss, and the FFNs' share of the parameters
+(predicted, then measured).
 
-Oracles: ``F.gelu`` (both forms), ``F.silu``, ``F.layer_norm`` and ``F.rms_norm`` computed
-here (never in the answers), a decoder block written with ``F.scaled_dot_product_attention``
-(``enable_gqa``) and a RoPE written as complex multiplication, models built from ``nn``
-modules on the meta device and counted, hand-derived counts, and a slow per-token loop for
-the mixture of experts. Properties: causality of the block, a mixture with one expert and
-k = 1 equals the FFN, every routing choice either kept or dropped and no expert over its
-capacity.
+Oracles: F.gelu, F.silu, F.layer_norm and F.rms_norm (never in the answers), a block built on
+F.scaled_dot_product_attention (enable_gqa) and chapter 3's complex RoPE, models of nn modules on the meta device
+and counted, hand-derived counts, a slow per-token mixture of experts. Properties: the block is causal, no expert
+takes more than its capacity, one expert with k = 1 is the FFN.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import itertools
 import math
 from typing import Any, Callable
 
@@ -41,24 +39,81 @@ _NORMS = ((F, "layer_norm"), (F, "rms_norm"), (torch, "layer_norm"), (torch, "rm
 _MOVES = tuple((owner, name) for owner in (torch, torch.Tensor)
                for name in ("movedim", "moveaxis", "swapaxes", "swapdims", "permute", "transpose"))
 _LOW = (torch.bfloat16, torch.float16)
-
-
 _IN_PLACE = ("build new tensors: x - mean, not x -= mean or x.sub_(mean) (and x.float() of a float32 x is x itself, "
              "not a copy): the caller reads its input again, as the residual connection of a block does.")
 
 
-def _unchanged_call(fn: Callable, x: torch.Tensor, name: str) -> Any:
-    """call(fn, a copy of x), failing when the answer changed that copy in place (the spec: no input is changed)."""
+def _run(fn: Callable, x: torch.Tensor, name: str, dtype_hint: str | None = None, forbidden: tuple = (),
+         exercise: str = "") -> Any:
+    """``fn`` on a copy of ``x``, under ``forbid(*forbidden)``: the copy must come back unchanged (the spec: no
+    input is changed) and, given ``dtype_hint``, the output must be a tensor of x's shape and dtype."""
     given = x.clone()
-    out = call(fn, given, name=name)
+    with forbid(*forbidden, exercise=exercise) if forbidden else contextlib.nullcontext():
+        out = call(fn, given, name=name)
     expect(torch.equal(given, x), f"{name} changed its input in place.", _IN_PLACE)
+    if dtype_hint is None:
+        return out
+    out = expect_tensor(out, tuple(x.shape), f"{name} output")
+    expect(out.dtype == x.dtype, f"{name} returned {out.dtype} for a {x.dtype} input.", dtype_hint)
     return out
+
+
+def _unchanged_call(fn: Callable, x: torch.Tensor, name: str) -> Any:
+    return _run(fn, x, name)
 
 
 def _precision(x: torch.Tensor) -> torch.dtype:
     """The dtype whose rounding a norm's output carries: the input's for bfloat16 and float16,
     float32 otherwise (the exercises compute the statistics in float32, a float64 input too)."""
     return x.dtype if x.dtype in _LOW else torch.float32
+
+
+def _linear(module: Any, attr: str, d_in: int, d_out: int, bias: bool, cls: str, d, scale: float = 1.0) -> tuple:
+    """``module.<attr>`` checked to be an nn.Linear(d_in, d_out, bias=bias), then filled with weights drawn from
+    ``d``: (weight (d_out, d_in), bias (d_out,) or None)."""
+    layer = getattr(module, attr, None)
+    expect(isinstance(layer, nn.Linear), f"{cls} needs an nn.Linear attribute `{attr}`.",
+           f"create self.{attr} = nn.Linear(...) in __init__ with exactly this name: the tests copy weights into it.")
+    shape = tuple(layer.weight.shape)
+    expect(shape == (d_out, d_in), f"{cls}.{attr}.weight has shape {shape}, expected {(d_out, d_in)}.",
+           "d_ff defaults to 4 * d_model (the hidden layer expands, then projects back), not d_model."
+           if (cls, attr, shape) == ("FeedForward", "fc1", (d_in, d_in)) else
+           f"{attr} maps {d_in} features to {d_out}: nn.Linear({d_in}, {d_out}).")
+    expect((layer.bias is not None) == bias, f"{cls}.{attr} should {'have' if bias else 'not have'} a bias.",
+           "nn.Linear(..., bias=True) for the FFN of this chapter's FeedForward; the gated (SwiGLU) layers use "
+           "bias=False, as in Llama." if bias else f"the {cls} projections have no bias: bias=False.")
+    w, b = d.randn(d_out, d_in) * scale / math.sqrt(d_in), d.randn(d_out) * 0.5 if bias else None
+    with torch.no_grad():
+        layer.weight.copy_(w)
+        if bias:
+            layer.bias.copy_(b)
+    return w, b
+
+
+def _ffn_weights(module: Any, d_model: int, width: int, d) -> tuple:
+    """A FeedForward's fc1 and fc2, checked and filled: (w1, b1, w2, b2)."""
+    return (*_linear(module, "fc1", d_model, width, True, "FeedForward", d, 2.0),
+            *_linear(module, "fc2", width, d_model, True, "FeedForward", d))
+
+
+def _swiglu_weights(module: Any, d_model: int, h: int, d) -> tuple:
+    """A SwiGLU's w_gate_up and w_down, checked and filled: (w_gate_up (2h, d_model), w_down (d_model, h))."""
+    return (_linear(module, "w_gate_up", d_model, 2 * h, False, "SwiGLU", d, 2.0)[0],
+            _linear(module, "w_down", h, d_model, False, "SwiGLU", d)[0])
+
+
+def _n_params(module: nn.Module) -> int:
+    return sum(p.numel() for p in module.parameters())
+
+
+def _expect_params(module: Any, want: int, shown: str, hint: str) -> None:
+    n = _n_params(module)
+    expect(n == want, f"{shown} has {n} parameters, expected {want}.", hint)
+
+
+def _shown(name: str, *args: Any, **kwargs: Any) -> str:
+    """A call as it reads: ``name(1, 2, k=v)``."""
+    return f"{name}({', '.join([*map(str, args), *(f'{k}={v!r}' for k, v in kwargs.items())])})"
 
 
 def _fill(layer: Any, d, scale: float = 1.0) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -86,10 +141,6 @@ def _check_linear(module: Any, attr: str, d_in: int, d_out: int, bias: bool, cls
            "nn.Linear(..., bias=True) for the FFN of this chapter's FeedForward; the gated (SwiGLU) layers use "
            "bias=False, as in Llama." if cls == "FeedForward" else "the SwiGLU projections have no bias: bias=False.")
     return layer
-
-
-def _n_params(module: nn.Module) -> int:
-    return sum(p.numel() for p in module.parameters())
 
 # ----------------------------------------------------------------------------- exercise 1
 
@@ -138,20 +189,16 @@ def check_activations(gelu=None, gelu_tanh=None, silu=None, hidden: bool = False
                torch.tensor([0.0, -0.0, 1e-8, -1e-8, 30.0, -30.0, 80.0, -80.0, 1e4, -1e4]),
                torch.linspace(-3, 3, 7).to(torch.float64)]
     xs += [(d.randn(64 if hidden else 16) * 4).to(dtype) for dtype in (_LOW if hidden else _LOW[:1])]
-    for x in xs:
-        for name, fn in (("gelu", gelu), ("gelu_tanh", gelu_tanh), ("silu", silu)):
-            if fn is None:
-                continue
-            with forbid(*_ACTIVATIONS, exercise=f"{name} from elementary operations"):
-                got = expect_tensor(_unchanged_call(fn, x, name=name), tuple(x.shape), f"{name} output")
-            expect(got.dtype == x.dtype, f"{name} returned {got.dtype} for a {x.dtype} input.", _KEEP_DTYPE)
-            # In reduced precision each intermediate of the formula is rounded (1 + erf(x) cancels for
-            # negative x): the values are those of the float32 formula within a few units of bfloat16.
-            exact = x.float() if x.dtype in _LOW else x
-            compare(got, _ACTIVATION_REFERENCES[name](exact),
-                    f"{name} on {str(x.dtype)[6:]} inputs in [{x.min().item():.3g}, {x.max().item():.3g}]",
-                    "compare your formula term by term with the one in the exercise.",
-                    variants=_activation_variants(exact, name), tol=(3e-2, 3e-2) if x.dtype in _LOW else None)
+    answers = [(name, fn) for name, fn in (("gelu", gelu), ("gelu_tanh", gelu_tanh), ("silu", silu)) if fn is not None]
+    for x, (name, fn) in itertools.product(xs, answers):
+        got = _run(fn, x, name, _KEEP_DTYPE, _ACTIVATIONS, f"{name} from elementary operations")
+        # In reduced precision each intermediate of the formula is rounded (1 + erf(x) cancels for negative x): the
+        # values are those of the float32 formula within a few units of bfloat16.
+        exact = x.float() if x.dtype in _LOW else x
+        compare(got, _ACTIVATION_REFERENCES[name](exact),
+                f"{name} on {str(x.dtype)[6:]} inputs in [{x.min().item():.3g}, {x.max().item():.3g}]",
+                "compare your formula term by term with the one in the exercise.",
+                variants=_activation_variants(exact, name), tol=(3e-2, 3e-2) if x.dtype in _LOW else None)
 
 
 def _calls(who: str, gelu=None, silu=None, LayerNorm=None, FeedForward=None, RMSNorm=None, SwiGLU=None) -> list:
@@ -172,16 +219,15 @@ def _ffn_ref(x: torch.Tensor, w1, b1, w2, b2, act: Callable = F.gelu) -> torch.T
 
 
 def _ffn_variants(x: torch.Tensor, w1, b1, w2, b2) -> list:
-    wrong = functools.partial(_ffn_ref, x, w1, b1, w2, b2)
-    return [(functools.partial(wrong, act=torch.relu), "ReLU was used where GELU is asked: apply your exact gelu "
-                                                       "between fc1 and fc2."),
-            (functools.partial(wrong, act=lambda h: F.gelu(h, approximate="tanh")),
+    wrong = functools.partial(_ffn_ref, x, w1, b1, w2)
+    return [(lambda: wrong(b2, torch.relu), "ReLU was used where GELU is asked: apply your exact gelu between fc1 "
+                                            "and fc2."),
+            (lambda: wrong(b2, functools.partial(F.gelu, approximate="tanh")),
              "the tanh approximation was used: the FFN uses the exact gelu from exercise 1."),
-            (functools.partial(wrong, act=lambda h: h), "there is no activation between fc1 and fc2: two linear "
-                                                        "layers in a row are one linear layer."),
-            (functools.partial(wrong, act=F.silu), "SiLU was used where GELU is asked."),
-            (functools.partial(_ffn_ref, x, w1, b1, w2, None),
-             "fc2's bias was not added: call self.fc2(...) rather than multiplying by its weight.")]
+            (lambda: wrong(b2, lambda h: h), "there is no activation between fc1 and fc2: two linear layers in a row "
+                                             "are one linear layer."),
+            (lambda: wrong(b2, F.silu), "SiLU was used where GELU is asked."),
+            (lambda: wrong(None), "fc2's bias was not added: call self.fc2(...) rather than multiplying by its weight.")]
 
 
 @_one_thread
@@ -193,22 +239,15 @@ def check_feed_forward(FeedForward, gelu=None, hidden: bool = False) -> None:
         configs += [(1, None), (d.rng.randrange(2, 40), None), (d.rng.randrange(2, 40), d.rng.randrange(1, 70))]
     with earlier_first(*_calls("FeedForward", gelu=gelu)):
         for d_model, d_ff in configs:
-            args = (d_model,) if d_ff is None else (d_model, d_ff)
+            args, width = (d_model,) if d_ff is None else (d_model, d_ff), d_ff or 4 * d_model
             module = call(FeedForward, *args, name="FeedForward(...)")
-            width = 4 * d_model if d_ff is None else d_ff
-            w1, b1 = _fill(_check_linear(module, "fc1", d_model, width, True, "FeedForward"), d, 2.0)
-            w2, b2 = _fill(_check_linear(module, "fc2", width, d_model, True, "FeedForward"), d)
-            want_n = 2 * d_model * width + width + d_model
-            expect(_n_params(module) == want_n, f"FeedForward({', '.join(map(str, args))}) has {_n_params(module)} "
-                   f"parameters, expected {want_n}.", "the FFN holds exactly fc1 and fc2 (weights and biases); "
-                   "nothing else learns.")
-            shape = (2, 5, d_model) if not hidden else (d.rng.randrange(1, 4), d.rng.randrange(1, 7), d_model)
-            x = d.randn(*shape)
-            with forbid((F, "gelu"), exercise="the FFN with your own gelu"):
-                got = _unchanged_call(module, x, name="FeedForward.forward")
-            compare(got, _ffn_ref(x, w1, b1, w2, b2), f"FeedForward output (d_model={d_model}, d_ff={width})",
-                    "forward is fc2(gelu(fc1(x))): expand, activate, project.",
-                    variants=_ffn_variants(x, w1, b1, w2, b2))
+            weights = _ffn_weights(module, d_model, width, d)
+            _expect_params(module, 2 * d_model * width + width + d_model, _shown("FeedForward", *args),
+                           "the FFN holds exactly fc1 and fc2 (weights and biases); nothing else learns.")
+            x = d.randn(*(2, 5, d_model) if not hidden else (d.rng.randrange(1, 4), d.rng.randrange(1, 7), d_model))
+            got = _run(module, x, "FeedForward.forward", None, ((F, "gelu"),), "the FFN with your own gelu")
+            compare(got, _ffn_ref(x, *weights), f"FeedForward output (d_model={d_model}, d_ff={width})",
+                    "forward is fc2(gelu(fc1(x))): expand, activate, project.", variants=_ffn_variants(x, *weights))
             if hidden:   # position-wise: each token is transformed on its own
                 compare(call(module, x[:, :1].clone(), name="FeedForward.forward"), got.detach()[:, :1],
                         "the FFN output at position 0, once the other positions were removed,",

@@ -258,8 +258,7 @@ def check_feed_forward(FeedForward, gelu=None, hidden: bool = False) -> None:
 
 def _swiglu_hidden_ref(d_model: int, multiple_of: int, multiplier: float | None = None) -> int:
     h = int(2 * (4 * d_model) / 3)
-    if multiplier is not None:
-        h = int(multiplier * h)
+    h = h if multiplier is None else int(multiplier * h)
     return multiple_of * ((h + multiple_of - 1) // multiple_of)
 
 
@@ -287,30 +286,32 @@ def check_swiglu_hidden(swiglu_hidden, hidden: bool = False) -> None:
     fixed = [(4096, 64, None), (3, 1, None), (1536, 128, 2.0), (8192, 4096, 1.3), (5120, 256, 1.3)]
     for d_model, m, mult in draw("swiglu_hidden", hidden).cases(visible + (fixed if hidden else []), drawn, 10):
         args = (d_model, m) if mult is None else (d_model, m, mult)
-        shown = ", ".join(map(str, args))
         got = call(swiglu_hidden, *args, name="swiglu_hidden")
-        expect(isinstance(got, int) and not isinstance(got, bool),
-               f"swiglu_hidden({shown}) returned {type(got).__name__}, expected an int.",
-               "return a Python int (use // and int(...)), not a float or a tensor.")
-        compare(got, _swiglu_hidden_ref(d_model, m, mult), f"swiglu_hidden({shown})",
+        expect(isinstance(got, int) and not isinstance(got, bool), f"{_shown('swiglu_hidden', *args)} returned "
+               f"{type(got).__name__}, expected an int.", "return a Python int (use // and int(...)), not a float or "
+               "a tensor.")
+        compare(got, _swiglu_hidden_ref(d_model, m, mult), _shown("swiglu_hidden", *args),
                 "hidden = int(2 * 4 * d_model / 3), then int(ffn_dim_multiplier * hidden) when a multiplier is "
-                "given, then round up to a multiple of multiple_of.",
-                variants=_swiglu_hidden_variants(d_model, m, mult))
+                "given, then round up to a multiple of multiple_of.", variants=_swiglu_hidden_variants(d_model, m, mult))
+
+
+def _swiglu_ref(x: torch.Tensor, gate, up, down, act: Callable = F.silu) -> torch.Tensor:
+    """w_down(act(gate x) * up x), the weights of gate and up given apart."""
+    return F.linear(act(F.linear(x, gate)) * F.linear(x, up), down)
 
 
 def _swiglu_variants(x, W, Wd, h) -> list:
     gate, up = W[:h], W[h:]
-    f = lambda a, b, act=F.silu: F.linear(act(F.linear(x, a)) * F.linear(x, b), Wd)  # noqa: E731
-    return [(lambda: f(up, gate), "the two halves were swapped: rows 0 .. d_hidden - 1 of w_gate_up are the gate "
-                                  "(silu goes on them), rows d_hidden .. 2 d_hidden - 1 the up projection."),
-            (lambda: f(W[0::2], W[1::2]), "the halves were taken interleaved (even and odd outputs): the gate is the "
-                                          "first contiguous half of w_gate_up's output, up the second (chunk(2, "
-                                          "dim=-1))."),
-            (lambda: f(W[1::2], W[0::2]), "the halves were taken interleaved: the gate is the first contiguous half "
-                                          "of w_gate_up's output, up the second (chunk(2, dim=-1))."),
-            (lambda: f(gate, up, F.gelu), "GELU was used as the gate activation: that is GeGLU; SwiGLU uses silu."),
-            (lambda: f(gate, up, torch.sigmoid), "sigmoid(gate) * up is the original GLU: SwiGLU uses silu(gate) = "
-                                                 "gate * sigmoid(gate)."),
+    interleaved = ("the halves were taken interleaved (even and odd outputs): the gate is the first contiguous half "
+                   "of w_gate_up's output, up the second (chunk(2, dim=-1)).")
+    return [(lambda: _swiglu_ref(x, up, gate, Wd), "the two halves were swapped: rows 0 .. d_hidden - 1 of w_gate_up "
+             "are the gate (silu goes on them), rows d_hidden .. 2 d_hidden - 1 the up projection."),
+            (lambda: _swiglu_ref(x, W[0::2], W[1::2], Wd), interleaved),
+            (lambda: _swiglu_ref(x, W[1::2], W[0::2], Wd), interleaved),
+            (lambda: _swiglu_ref(x, gate, up, Wd, F.gelu), "GELU was used as the gate activation: that is GeGLU; "
+                                                           "SwiGLU uses silu."),
+            (lambda: _swiglu_ref(x, gate, up, Wd, torch.sigmoid), "sigmoid(gate) * up is the original GLU: SwiGLU "
+                                                                  "uses silu(gate) = gate * sigmoid(gate)."),
             (lambda: F.linear(F.silu(F.linear(x, gate) * F.linear(x, up)), Wd),
              "silu was applied to the product: apply it to the gate only, then multiply by up.")]
 
@@ -330,29 +331,22 @@ def check_swiglu(SwiGLU, silu=None, hidden: bool = False, given_width_only: bool
         configs += [(7, 1, None, None), (d.rng.randrange(2, 30), 64, None, d.rng.randrange(1, 40))]
     with earlier_first(*_calls("SwiGLU", silu=silu)):
         for i, (d_model, m, mult, d_hidden) in enumerate(configs):
-            kwargs = {"multiple_of": m} if d_hidden is None else {}
-            kwargs.update({"ffn_dim_multiplier": mult} if mult is not None else {})
-            args = (d_model,) if d_hidden is None else (d_model, d_hidden)
-            shown = ", ".join([*map(str, args), *(f"{k}={v}" for k, v in kwargs.items())])
-            module = call(SwiGLU, *args, name=f"SwiGLU({shown})", **kwargs)
-            h = _swiglu_hidden_ref(d_model, m, mult) if d_hidden is None else d_hidden
-            W = _fill(_check_linear(module, "w_gate_up", d_model, 2 * h, False, "SwiGLU"), d, 2.0)[0]
-            Wd = _fill(_check_linear(module, "w_down", h, d_model, False, "SwiGLU"), d)[0]
-            expect(_n_params(module) == 3 * d_model * h, f"SwiGLU({shown}) has {_n_params(module)} parameters, "
-                   f"expected 3 * d_model * d_hidden = {3 * d_model * h}.", "SwiGLU holds exactly w_gate_up and "
-                   "w_down, without biases.")
+            args = (d_model, d_hidden) if d_hidden else (d_model,)
+            kwargs = {} if d_hidden else {"multiple_of": m, **({"ffn_dim_multiplier": mult} if mult else {})}
+            shown = _shown("SwiGLU", *args, **kwargs)
+            h = d_hidden or _swiglu_hidden_ref(d_model, m, mult)
+            module = call(SwiGLU, *args, name=shown, **kwargs)
+            W, Wd = _swiglu_weights(module, d_model, h, d)
+            _expect_params(module, 3 * d_model * h, shown, "SwiGLU holds exactly w_gate_up and w_down, without "
+                           "biases: 3 * d_model * d_hidden parameters.")
             for dtype in (torch.float32,) if not hidden or i % 2 else (torch.float32, torch.float64):
                 shape = (2, 3, d_model) if not hidden else (d.rng.randrange(1, 4), d.rng.randrange(1, 6), d_model)
                 x = d.randn(*shape, dtype=torch.float64).to(dtype)
-                with forbid((F, "silu"), exercise="SwiGLU with your own silu"):
-                    got = expect_tensor(_unchanged_call(module.to(dtype), x, name="SwiGLU.forward"), shape, "SwiGLU "
-                                        "output")
-                expect(got.dtype == dtype, f"SwiGLU returned {got.dtype} for a {dtype} input.",
-                       "build nothing in a fixed dtype: the layers follow the module's dtype.")
+                got = _run(module.to(dtype), x, "SwiGLU.forward", "build nothing in a fixed dtype: the layers follow "
+                           "the module's dtype.", ((F, "silu"),), "SwiGLU with your own silu")
                 Wt, Wdt = W.to(dtype), Wd.to(dtype)
-                compare(got, F.linear(F.silu(F.linear(x, Wt[:h])) * F.linear(x, Wt[h:]), Wdt),
-                        f"SwiGLU output ({shown}, {str(dtype)[6:]}), against w_down(silu(gate) * up) with gate and "
-                        "up the first and second halves of w_gate_up(x)",
+                compare(got, _swiglu_ref(x, Wt[:h], Wt[h:], Wdt), f"SwiGLU output ({shown}, {str(dtype)[6:]}), "
+                        "against w_down(silu(gate) * up) with gate and up the first and second halves of w_gate_up(x)",
                         "forward is w_down(silu(gate) * up), with gate, up = the two halves of w_gate_up(x).",
                         variants=_swiglu_variants(x, Wt, Wdt, h))
             module.float()

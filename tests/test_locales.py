@@ -2,7 +2,8 @@
 on the pages declared translated, faithful to the glossary, code and formulas left as they are.
 
 After changing English text, `make locales` brings the catalogs in step (new messages
-untranslated, changed ones fuzzy); a page whose catalog has a translation must be complete."""
+untranslated, changed ones fuzzy); a page whose catalog has a translation must be complete. The
+exercise notebooks' catalogs (notebooks/<chapter>.po) are pages here like the book's."""
 
 from __future__ import annotations
 
@@ -30,6 +31,7 @@ DONE = [
     "book/ch01_embeddings/patches",
     "book/ch01_embeddings/exercises",
     "book/ch02_positions/index",
+    "notebooks/ch01_embeddings",        # the exercise notebooks' Markdown (exercises-zh/)
 ]
 
 

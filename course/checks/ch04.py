@@ -450,23 +450,25 @@ def _norm_module(module: Any, cls: str, shape: tuple[int, ...], default_eps: flo
         expect(tuple(b.shape) == shape and torch.equal(b.detach(), torch.zeros(shape)), f"{cls}.bias should start "
                f"as zeros of shape {shape}.", "self.bias = nn.Parameter(torch.zeros(normalized_shape)).")
     else:
-        expect(_n_params(module) == shape[0], f"{cls}({shape[0]}) has {_n_params(module)} parameters, expected "
-               f"{shape[0]}.", "RMSNorm has a scale (weight) only: no bias, because it does not centre.")
+        _expect_params(module, shape[0], f"{cls}({shape[0]})", "RMSNorm has a scale (weight) only: no bias, because "
+                       "it does not centre.")
     eps = getattr(module, "eps", None)
     expect(isinstance(eps, float) and math.isclose(eps, default_eps), f"{cls}.eps is {eps!r}, expected "
            f"{default_eps}.", f"store the eps argument as self.eps (default {default_eps}).")
     return eps
 
 
-def _norm_outputs(module: Any, cls: str, shown: str, inputs: list, oracle: Callable, variants: Callable,
-                  along: str = "over its last dimension (d_model)", forbidden: tuple = (), exercise: str = "") -> None:
-    """Each of ``inputs`` ((x, label)) through a student's norm, against ``oracle(x)`` (in float64); ``forbidden``
-    adds what the exercise (``exercise``) rules out besides the norms."""
+def _norm_outputs(module: Any, cls: str, shown: str, params: dict, inputs: list, oracle: Callable,
+                  variants: Callable, along: str = "over its last dimension (d_model)", forbidden: tuple = (),
+                  exercise: str = "") -> None:
+    """``params`` (weight, and LayerNorm's bias) copied into a student's norm, then each of ``inputs`` ((x, label))
+    through it against ``oracle(x)`` (in float64); ``forbidden`` adds what ``exercise`` rules out besides norms."""
+    with torch.no_grad():
+        for name, value in params.items():
+            getattr(module, name).copy_(value)
     for x, label in inputs:
-        with forbid(*_NORMS, *forbidden, exercise=exercise or cls):
-            got = expect_tensor(_unchanged_call(module, x, name=f"{cls}.forward"), tuple(x.shape), f"{cls} output")
-        expect(got.dtype == x.dtype, f"{cls} returned {got.dtype} for a {x.dtype} input.",
-               "compute the statistics in float32, then cast the result back: .to(x.dtype).")
+        got = _run(module, x, f"{cls}.forward", "compute the statistics in float32, then cast the result back: "
+                   ".to(x.dtype).", _NORMS + forbidden, exercise or cls)
         fallback = (f"the statistics were computed in {str(x.dtype)[6:]}: compute them in float32 (x.float()), "
                     "normalise, then cast the result back to the input's dtype." if x.dtype in _LOW else
                     f"{cls} normalises each vector {along}, with keepdim=True.")
@@ -485,16 +487,13 @@ def check_layer_norm(LayerNorm, hidden: bool = False) -> None:
         three = (2, d.rng.randrange(2, 5), 3)
         cases = [(n, (n,)), (two, two), (list(three), three), (3, (3,)), ((1, 6), (1, 6))]
     for arg, shape in cases:
-        shown = f"LayerNorm({arg!r})"
-        module = call(LayerNorm, arg, name=shown)
+        module = call(LayerNorm, arg, name=(shown := f"LayerNorm({arg!r})"))
         eps = _norm_module(module, "LayerNorm", shape, 1e-5)
         first = [(d.randn(3, 4, math.prod(shape)) * 5 + 2, "float32, weight = 1 and bias = 0")]
         for w, b, inputs in ((torch.ones(shape), torch.zeros(shape), first),
                              (d.randn(*shape) * 0.5 + 1, d.randn(*shape), _norm_inputs(d, math.prod(shape)))):
-            with torch.no_grad():
-                module.weight.copy_(w)
-                module.bias.copy_(b)
-            _norm_outputs(module, "LayerNorm", shown, [(x.reshape(*x.shape[:-1], *shape), lab) for x, lab in inputs],
+            _norm_outputs(module, "LayerNorm", shown, {"weight": w, "bias": b},
+                          [(x.reshape(*x.shape[:-1], *shape), lab) for x, lab in inputs],
                           lambda x: F.layer_norm(x.double(), shape, w.double(), b.double(), eps),
                           lambda x: _layer_norm_variants(x, w, b, eps, shape))
 
@@ -508,16 +507,15 @@ def check_rms_norm(RMSNorm, hidden: bool = False, last_axis_only: bool = False) 
         cases = [(d.rng.randrange(2, 65), None, -1), (d.rng.randrange(2, 40), 1, 1), (3, 1, 1),
                  (d.rng.randrange(2, 12), -3, -3), (4, -1, -1)]
     for n, dim, axis in [case for case in cases if case[1] is None or not last_axis_only]:
-        shown = f"RMSNorm({n})" if dim is None else f"RMSNorm({n}, dim={dim})"
-        module = call(RMSNorm, n, name=shown) if dim is None else call(RMSNorm, n, dim=dim, name=shown)
+        kwargs = {} if dim is None else {"dim": dim}
+        module = call(RMSNorm, n, name=(shown := _shown("RMSNorm", n, **kwargs)), **kwargs)
         eps = _norm_module(module, "RMSNorm", (n,), 1e-6)
         first = [(d.randn(3, 4, n) * 5 + 2, "float32 with weight = 1")]
         for w, inputs in ((torch.ones(n), first), (d.randn(n) * 0.5 + 1, _norm_inputs(d, n))):
-            with torch.no_grad():
-                module.weight.copy_(w)
             if axis == -3:       # a 4-D image-like input: (..., 2, 1, n) -> (..., n, 2, 1)
                 inputs = [(torch.stack([x, x * 0.5 + 0.1], dim=-2).unsqueeze(-2), label) for x, label in inputs]
-            _norm_outputs(module, "RMSNorm", shown, [(x.movedim(-1, axis).contiguous(), lab) for x, lab in inputs],
+            _norm_outputs(module, "RMSNorm", shown, {"weight": w}, [(x.movedim(-1, axis).contiguous(), lab)
+                                                                    for x, lab in inputs],
                           lambda x: F.rms_norm(x.double().movedim(axis, -1), (n,), w.double(), eps).movedim(-1, axis),
                           lambda x: _rms_norm_variants(x, w, eps, axis), f"along axis {axis} (of size {n})",
                           _MOVES, "RMSNorm along its axis without moving it (no movedim, transpose or permute)")

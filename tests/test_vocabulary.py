@@ -8,7 +8,8 @@ import torch
 from course.checks import CheckFailed
 from course.checks._core import earlier_first
 from course.checks._hidden import set_grading_seed
-from course.checks._vocabulary import call_on_copies, compare, diagnose, draw, fail, matches
+from course.checks._vocabulary import (call_on_copies, compare, diagnose, draw, expect_tensor_of, fail, matches,
+                                      passes)
 
 
 def test_a_failure_carries_its_parts_as_fields_and_reads_as_before():
@@ -146,3 +147,11 @@ def test_call_on_copies_hands_copies_and_fails_an_answer_that_changes_one():
         call_on_copies(lambda t, scale=None: scale.mul_(2), x, scale=x, name="double", hint="build a new tensor.")
     assert torch.equal(x, torch.arange(3.0)) and caught.value.hint == "build a new tensor."
     assert caught.value.what == "double changed one of its input tensors in place."
+
+
+def test_expect_tensor_of_names_a_wrong_dtype_with_its_hint_and_passes_tells_whether_a_check_does():
+    expect_tensor_of(torch.zeros(2, 3), (2, 3), torch.float32, "f(x)", "keep the dtype.")
+    with pytest.raises(CheckFailed) as caught:
+        expect_tensor_of(torch.zeros(2, 3, dtype=torch.float64), (2, 3), torch.float32, "f(x)", "keep the dtype.")
+    assert caught.value.hint == "keep the dtype." and "float64" in caught.value.what
+    assert passes(lambda x: None, 1) and not passes(lambda x: fail("no", "because."), 1)

@@ -240,3 +240,21 @@ def call_on_copies(fn: Callable, *args: Any, name: str | None = None,
     expect(all(not isinstance(a, torch.Tensor) or torch.equal(a, g) or matches(g, a, EXACT) for a, g in pairs),
            f"{name or getattr(fn, '__name__', 'your code')} changed one of its input tensors in place.", hint)
     return out
+
+
+def expect_tensor_of(got: Any, shape: tuple[int, ...], dtype: torch.dtype, label: str, hint: str) -> None:
+    """Fail unless ``got`` is a tensor of this shape and dtype; ``hint`` names the likely cause of a wrong dtype."""
+    from ._core import expect_tensor
+
+    expect_tensor(got, tuple(shape), label)
+    expect(got.dtype == dtype, f"{label} returned dtype {got.dtype}, expected {dtype}.", hint)
+
+
+def passes(check: Callable, *answers: Any) -> bool:
+    """Whether ``check(*answers)`` passes (its visible test): for a demo that shows a measurement only once the
+    prediction before it passes."""
+    try:
+        check(*answers)
+    except CheckFailed:
+        return False
+    return True

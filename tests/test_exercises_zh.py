@@ -138,11 +138,12 @@ $$
 
 
 def test_markdown_is_cut_into_messages_and_put_back_with_its_layout():
-    messages = ["Exercise 9: a title", "**Core** · **Difficulty** ●○○○", "A paragraph that is wrapped over two lines.",
-                "`f(x)` returns a value, never a copy.", "a nested rule;", "exercise", "points", "first, with `x`",
-                "Hint 1", "One more line."]
-    chinese = ["练习 9：标题", "**核心** · **难度** ●○○○", "一个段落，\n分两行写。", "`f(x)` 返回一个值，\n而不是副本。",
-               "一条嵌套的规则；", "练习", "分值", "第一个，含 `x`", "提示 1", "还有一行。"]
+    messages = ["Exercise 9: a title", "**Core** · **Difficulty** ●○○○",
+                "A paragraph that is wrapped over two lines.", "`f(x)` returns a value, never a copy.",
+                "a nested rule;", "exercise", "points", "first, with `x`", "Hint 1", "One more line."]
+    chinese = ["练习 9：标题", "**核心** · **难度** ●○○○", "一个段落，\n分两行写。",
+               "`f(x)` 返回一个值，\n而不是副本。", "一条嵌套的规则；", "练习", "分值",
+               "第一个，含 `x`", "提示 1", "还有一行。"]
     assert markdown_messages(MARKDOWN) == messages
     assert translate_markdown(MARKDOWN, dict(zip(messages, chinese))) == TRANSLATED
     assert translate_markdown(MARKDOWN, {}) == MARKDOWN

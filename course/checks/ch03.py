@@ -20,7 +20,8 @@ import torch.nn.functional as F
 from ._core import CheckFailed, call, earlier_answers, earlier_first, expect_tensor, forbid, judge_prediction
 from ._core import one_thread as _one_thread
 from ._recorders import LargestTensor as _LargestTensor
-from ._vocabulary import call_on_copies, compare, diagnose, draw, expect, fail, judge_configured, matches, when
+from ._vocabulary import (call_on_copies, compare, diagnose, draw, expect, expect_tensor_of, fail, judge_configured,
+                          matches, passes, when)
 
 # ----------------------------------------------------------------------------- helpers
 
@@ -36,11 +37,6 @@ def _run(fn, *args, name: str, exercise: str, hint: str = _IN_PLACE, **kwargs):
     largest = _LargestTensor()
     with forbid(*_SDPA, exercise=exercise), largest:
         return call_on_copies(fn, *args, name=name, hint=hint, **kwargs), largest
-
-
-def _expect_result(got, shape, dtype, label: str, hint: str = "keep the dtype of q.") -> None:
-    expect_tensor(got, tuple(shape), label)
-    expect(got.dtype == dtype, f"{label} returned {got.dtype}, expected {dtype}.", hint)
 
 
 def _blame_attention_answer(who: str, scaled_dot_product_attention):
@@ -122,8 +118,8 @@ def check_softmax(softmax, hidden: bool = False) -> None:
         with forbid(*_SOFTMAX_BUILTINS, exercise="the softmax"):
             got = call_on_copies(softmax, x, dim, name="softmax", hint="avoid in-place operations such as x -= ... "
                                  "or x.exp_(): compute a new tensor.")
-        _expect_result(got, x.shape, x.dtype, f"softmax of {what}", "keep the input's dtype: do not convert with "
-                       ".float() or build constants in another dtype.")
+        expect_tensor_of(got, x.shape, x.dtype, f"softmax of {what}", "keep the input's dtype: do not convert with "
+                         ".float() or build constants in another dtype.")
         compare(got, torch.softmax(x.double(), dim=dim).to(x.dtype), f"softmax of {what} (dim={dim})",
                 "divide by the sum of the exponentials along dim (keepdim=True), so that every slice sums to 1.",
                 variants=_softmax_variants(x, dim))
@@ -133,24 +129,36 @@ def check_softmax(softmax, hidden: bool = False) -> None:
 
 def _attention_ref(q, k, v, mask=None, scale="sqrt", softmax_dim=-1, invert=False, mask_scores=True,
                    bias=None, bias_mode="add"):
-    """The contract in float64; variants reproduce common bugs for diagnosis."""
-    q, k, v = (t.detach().to(torch.float64) for t in (q, k, v))
-    d_k = q.shape[-1]
-    factor = {"sqrt": 1 / math.sqrt(d_k), "none": 1.0, "d_k": 1 / d_k}[scale]
+    """The contract in float64: (out, weights); the keyword arguments reproduce common bugs."""
+    q, k, v, bias = (None if t is None else t.detach().to(torch.float64) for t in (q, k, v, bias))
     scores = q @ k.transpose(-2, -1)
     if bias is not None and bias_mode == "before_scale":
-        scores = scores + bias.detach().to(torch.float64)
-    scores = scores * factor
+        scores = scores + bias
+    scores = scores * {"sqrt": 1 / math.sqrt(q.shape[-1]), "none": 1.0, "d_k": 1 / q.shape[-1]}[scale]
     if bias is not None and bias_mode in ("add", "subtract"):
-        scores = scores + (1 if bias_mode == "add" else -1) * bias.detach().to(torch.float64)
-    if mask is not None:
-        allowed = ~mask if invert else mask
-        if mask_scores:
-            scores = scores.masked_fill(~allowed, torch.finfo(torch.float64).min)
+        scores = scores + (1 if bias_mode == "add" else -1) * bias
+    allowed = None if mask is None else ~mask if invert else mask
+    if allowed is not None and mask_scores:
+        scores = scores.masked_fill(~allowed, torch.finfo(torch.float64).min)
     weights = torch.softmax(scores, dim=softmax_dim)
-    if mask is not None:
+    if allowed is not None:
         weights = weights.masked_fill(~allowed, 0.0)
     return weights @ v, weights
+
+
+def _nan_variants(q, mask) -> list:
+    """The hints for NaN in the weights or the output, by what produced it."""
+    nan = lambda got: bool(torch.isnan(got).any())  # noqa: E731
+    return [
+        (when(lambda got: q.dtype in _HALF_TOLERANCE and nan(got)), f"the fill value became -inf in {q.dtype}: a "
+         "constant such as -1e9 overflows float16 (its largest magnitude is 65504), and a fully masked row then gives "
+         "NaN. Fill with torch.finfo(scores.dtype).min."),
+        (when(lambda got: nan(got) and mask is not None and bool((~mask).all(dim=-1).any())), "a fully masked row gives "
+         "NaN: filled with -inf, the row's maximum is -inf and the softmax's shift computes -inf - (-inf) = NaN. Fill "
+         "with torch.finfo(scores.dtype).min and set the weights of masked positions to 0 after the softmax; the "
+         "contract asks for zero weights and a zero output in such a row."),
+        (when(nan), "the output contains NaN: check the fill value and that the softmax runs over the last axis."),
+    ]
 
 
 def _weight_variants(q, k, v, mask, bias, want: torch.Tensor) -> list:
@@ -160,6 +168,7 @@ def _weight_variants(q, k, v, mask, bias, want: torch.Tensor) -> list:
 
     masked, biased = mask is not None, bias is not None
     empty = (~mask).all(dim=-1) if masked else torch.zeros((), dtype=torch.bool)       # queries that see no key
+    lowest = (q.double() @ k.double().transpose(-2, -1)).amin().item() / math.sqrt(q.shape[-1])
 
     def uniform_empty_rows(got):
         return (bool(empty.any()) and got.detach()[empty.expand(got.shape[:-1])].abs().sum() > 0
@@ -169,10 +178,16 @@ def _weight_variants(q, k, v, mask, bias, want: torch.Tensor) -> list:
         sums = got.detach().sum(dim=-1)[~empty.expand(got.shape[:-1])]
         return not matches(sums, torch.ones_like(sums), tol=(1e-4, 0.0))
 
+    def leaked(got):
+        return masked and bool(got.detach().masked_select(~mask.expand(got.shape)).ne(0).any())
+
     return [
         (when(uniform_empty_rows), "a fully masked row must get all-zero weights and a zero output, not a uniform "
          "average: after the softmax, set the weights of masked positions to 0 (a finite fill such as -1e9 or "
          "finfo.min alone spreads the row evenly over forbidden keys)."),
+        (when(lambda got: masked and lowest < -1e4 and (leaked(got) or sums_off(got))), "the fill value is not below "
+         "every real score: a fixed constant such as -1e4 is larger than a score of -1e5, so the masked keys win the "
+         "softmax. Fill with torch.finfo(scores.dtype).min."),
         (ref(bias_mode="ignored") if biased else None, "the bias was ignored: add it to the scaled scores, scores = "
          "q @ k^T / sqrt(d_k) + bias, before the mask and the softmax."),
         (ref(bias_mode="before_scale") if biased else None, "the bias was divided by sqrt(d_k) with the scores: the "
@@ -188,41 +203,26 @@ def _weight_variants(q, k, v, mask, bias, want: torch.Tensor) -> list:
         (ref(mask_scores=False) if masked else None, "the mask was applied only after the softmax: zeroing weights "
          "afterwards leaves rows that no longer sum to 1. Fill the masked scores (masked_fill(~mask, "
          "torch.finfo(dtype).min)) before the softmax."),
-        (when(lambda got: masked and bool(got.detach().masked_select(~mask.expand(got.shape)).ne(0).any())),
+        (when(leaked),
          "masked positions must get weight exactly 0: fill their scores with a very negative value "
          "(torch.finfo(dtype).min) before the softmax, where the mask is False."),
         (when(sums_off), "normalise with a softmax over the keys, the last axis (dim=-1)."),
     ]
 
 
-def _run_attention(fn, q, k, v, mask, bias=None, copies: bool = True):
-    """The answer's (out, weights) for copies of these tensors, which it must leave unchanged (``copies=False``:
-    the tensors themselves, for a gradient read off them)."""
-    tensors, name = (q, k, v, mask) + (() if bias is None else (bias,)), "scaled_dot_product_attention"
-    with forbid(*_SDPA, exercise="scaled dot-product attention"):
-        result = _call_on_copies(fn, tensors, name=name) if copies else call(fn, *tensors, name=name)
+def _run_attention(fn, *tensors, copies: bool = True):
+    """The answer's (out, weights) for copies of (q, k, v, mask[, bias]), which it must leave unchanged
+    (``copies=False``: the tensors themselves, for a gradient read off them)."""
+    name, exercise = "scaled_dot_product_attention", "scaled dot-product attention"
+    if copies:
+        result, _ = _run(fn, *tensors, name=name, exercise=exercise)
+    else:
+        with forbid(*_SDPA, exercise=exercise):
+            result = call(fn, *tensors, name=name)
     expect(isinstance(result, tuple) and len(result) == 2,
            f"scaled_dot_product_attention should return a tuple (out, weights), got {type(result).__name__}.",
            "return both: `return weights @ v, weights`.")
     return result
-
-
-def _check_attention_case(fn, q, k, v, mask, what: str, bias=None) -> None:
-    out, weights = _run_attention(fn, q, k, v, mask, bias)
-    batch = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2])
-    w_shape = torch.broadcast_shapes((*batch, q.shape[-2], k.shape[-2]), *[t.shape for t in (mask, bias) if t is not None])
-    expect_tensor(weights, tuple(w_shape), f"weights for {what}")
-    expect_tensor(out, (*w_shape[:-1], v.shape[-1]), f"out for {what}")
-    if torch.isnan(out).any() or torch.isnan(weights).any():
-        expect(mask is None or not (~mask).all(dim=-1).any(), f"{what}: a query whose mask row is all False got NaN.",
-               "a fully masked row gives NaN: filled with -inf, the row's maximum is -inf and the softmax's shift "
-               "computes -inf - (-inf) = NaN. Fill with torch.finfo(scores.dtype).min and set the weights of masked "
-               "positions to 0 after the softmax; the contract asks for zero weights and a zero output in such a row.")
-        fail(f"{what}: the output contains NaN.", "check the fill value and that the softmax runs over the last axis.")
-    want_out, want_w = (t.to(q.dtype) for t in _attention_ref(q, k, v, mask, bias=bias))
-    compare(weights, want_w, f"weights for {what}", "weights = softmax(q @ k^T / sqrt(d_k) + bias) over the last "
-            "axis, with masked entries excluded.", variants=_weight_variants(q, k, v, mask, bias, want_w))
-    compare(out, want_out, f"out for {what}", "out must be weights @ v: multiply the (T_q, T_k) weights by v (T_k, d_v).")
 
 
 # PyTorch's words when a fill does not fit the dtype, or a float32 tensor meets a half-precision one.
@@ -239,57 +239,54 @@ _LOW_PRECISION_ERRORS = [
 _HALF_TOLERANCE = {torch.float16: (4e-3, 4e-3), torch.bfloat16: (3e-2, 3e-2)}
 
 
-def _check_low_precision(fn, d) -> None:
+def _check_attention_case(fn, q, k, v, mask, what: str, bias=None) -> None:
+    """Shapes and dtype, then weights and output against the formula (a fully masked row gets zeros); in half
+    precision, PyTorch's error names a fill that does not exist in the dtype."""
+    half = _HALF_TOLERANCE.get(q.dtype)
+    try:
+        out, weights = _run_attention(fn, q, k, v, mask, *(() if bias is None else (bias,)))
+    except CheckFailed as err:
+        hint = next((h for words, h in _LOW_PRECISION_ERRORS if any(w in err.what for w in words)), None)
+        if half is None or hint is None:
+            raise
+        fail(f"{what}: scaled_dot_product_attention raised on {q.dtype} input: {err.what.splitlines()[0]}",
+             hint.format(dtype=q.dtype))
+    batch = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2])
+    w_shape = torch.broadcast_shapes((*batch, q.shape[-2], k.shape[-2]), *[t.shape for t in (mask, bias) if t is not None])
+    for name, got, shape in (("weights", weights, w_shape), ("out", out, (*w_shape[:-1], v.shape[-1]))):
+        expect_tensor_of(got, shape, q.dtype, f"{name} for {what}", "keep the input dtype: a float32 tensor or a "
+                         "Python-float tensor in the mask arithmetic promotes the scores; fill with "
+                         "scores.masked_fill(~mask, torch.finfo(scores.dtype).min).")
+    want_out, want_w = (t.to(q.dtype) for t in _attention_ref(q, k, v, mask, bias=bias))
+    compare(weights, want_w, f"weights for {what}", "weights = softmax(q @ k^T / sqrt(d_k) + bias) over the last "
+            "axis, masked entries exactly 0, computed in the input dtype.", tol=half,
+            variants=_nan_variants(q, mask) + ([] if half else _weight_variants(q, k, v, mask, bias, want_w)))
+    compare(out, want_out, f"out for {what}", "out must be weights @ v: multiply the (T_q, T_k) weights by v "
+            "(T_k, d_v).", tol=half, variants=_nan_variants(q, mask))
+
+
+def _low_precision_cases(d) -> list:
     """float16 / bfloat16 inputs with a fully masked row: the fill must exist in the dtype, results keep it."""
-    low = [(torch.float16, 3, 5, False), (torch.bfloat16, 4, 6, True)]
-    for dtype, T_q, T_k, with_bias in low + ([(torch.float16, 6, 9, True), (torch.bfloat16, 5, 3, False)]
-                                             if d.hidden else []):
+    cases = []
+    for dtype, T_q, T_k, with_bias in [(torch.float16, 3, 5, False), (torch.bfloat16, 4, 6, True)] + (
+            [(torch.float16, 6, 9, True), (torch.bfloat16, 5, 3, False)] if d.hidden else []):
         mask = d.uniform(0, 1, 2, 1, T_q, T_k) > 0.4
         mask[..., 0, :] = False                                    # a fully masked query row
         mask[..., 1:, 0] = True
         q, k, v = (d.randn(2, 2, T, 8).to(dtype) for T in (T_q, T_k, T_k))
-        bias = (d.randn(1, 2, T_q, T_k) * 3).to(dtype) if with_bias else None
-        name = str(dtype)[6:]
-        what = (f"{name} inputs (2, 2, {T_q}/{T_k}, 8) with a fully masked row"
-                + (f" and a {name} bias (1, 2, {T_q}, {T_k})" if with_bias else ""))
-        try:
-            out, weights = _run_attention(fn, q, k, v, mask, bias)
-        except CheckFailed as err:           # the answer raised: PyTorch's message names the mistake
-            hint = next((h for words, h in _LOW_PRECISION_ERRORS if any(w in err.what for w in words)), None)
-            if hint is None:
-                raise
-            fail(f"{what}: scaled_dot_product_attention raised on {dtype} input: {err.what.splitlines()[0]}",
-                 hint.format(dtype=dtype))
-        for name, t in (("out", out), ("weights", weights)):
-            expect(isinstance(t, torch.Tensor) and t.dtype == dtype,
-                   f"{what}: {name} has dtype {getattr(t, 'dtype', type(t).__name__)}, expected {dtype}.",
-                   "keep the input dtype: a float32 tensor or a Python-float tensor in the mask arithmetic promotes "
-                   "the scores; fill with scores.masked_fill(~mask, torch.finfo(scores.dtype).min).")
-        expect(not (torch.isnan(out).any() or torch.isnan(weights).any()), f"{what}: the output contains NaN in "
-               f"{dtype}, although float32 inputs were fine.", f"the fill value became -inf in {dtype}: a constant "
-               "such as -1e9 overflows float16 (its largest magnitude is 65504), and a fully masked row then gives "
-               "NaN. Fill with torch.finfo(scores.dtype).min.")
-        want_out, want_w = (t.to(dtype) for t in _attention_ref(q, k, v, mask, bias=bias))
-        compare(weights, want_w, f"weights for {what}", "weights = softmax(q @ k^T / sqrt(d_k) + bias) over the last "
-                "axis, masked entries exactly 0, computed in the input dtype.", tol=_HALF_TOLERANCE[dtype])
-        compare(out, want_out, f"out for {what}", "out must be weights @ v.", tol=_HALF_TOLERANCE[dtype])
+        bias, name = (d.randn(1, 2, T_q, T_k) * 3).to(dtype) if with_bias else None, str(dtype)[6:]
+        cases.append((q, k, v, mask, f"{name} inputs (2, 2, {T_q}/{T_k}, 8) with a fully masked row"
+                      + (f" and a {name} bias (1, 2, {T_q}, {T_k})" if with_bias else ""), bias))
+    return cases
 
 
-def _check_extreme(fn, d) -> None:
+def _extreme_case(d) -> tuple:
     """Scores around -1e5, so that only a fill below all of them works (a fixed -1e4 is above them)."""
     mask = torch.ones(2, 4, 6, dtype=torch.bool)
     mask[:, :, 3:] = False
     mask[1, 2] = False
     q, k, v = torch.full((2, 4, 1), 300.0), -(330.0 + d.uniform(0, 10, 2, 6, 1)), d.randn(2, 6, 3)
-    what = "scores around -1e5 with a partly and a fully masked row"
-    w = _run_attention(fn, q, k, v, mask)[1].detach().to(torch.float64)
-    live, leaked = mask.expand(w.shape).any(dim=-1), w.masked_select(~mask.expand(w.shape)).abs()
-    expect(not (live & (w.sum(dim=-1) - 1).abs().gt(1e-3)).any() and not leaked.gt(0).any(),
-           f"{what}: with scores around -1e5, the weights of the allowed keys sum to "
-           f"{w.sum(dim=-1)[live].min().item():.3g} instead of 1 (masked keys got up to {leaked.max().item():.3g}).",
-           "the fill value is not below every real score: a fixed constant such as -1e4 is larger than a score "
-           "of -1e5, so the masked keys win the softmax. Fill with torch.finfo(scores.dtype).min.")
-    _check_attention_case(fn, q, k, v, mask, what)
+    return q, k, v, mask, "scores around -1e5 with a partly and a fully masked row", None
 
 
 def _attention_cases(d) -> list:
@@ -381,10 +378,9 @@ def check_scaled_dot_product_attention(scaled_dot_product_attention, softmax=Non
     with earlier_first(*earlier_answers("scaled_dot_product_attention",
                                         ("may call your softmax", 1, softmax, check_softmax))):
         visible = _attention_cases(d) + (_hidden_attention_cases(d) if hidden else [])
-        for q, k, v, mask, what, bias in d.cases(visible, _drawn_attention_case, 2):
-            _check_attention_case(fn, q, k, v, mask, what, bias)
-        _check_extreme(fn, d)
-        _check_low_precision(fn, d.sub("low"))
+        cases = d.cases(visible, _drawn_attention_case, 2) + [_extreme_case(d)] + _low_precision_cases(d.sub("low"))
+        for case in cases:
+            _check_attention_case(fn, *case)
         _check_attention_gradient(fn, d)
 
 # ----------------------------------------------------------------------------- exercise 3

@@ -24,7 +24,8 @@ import torch.nn.functional as F
 
 from ._core import CheckFailed, call, earlier_answers, earlier_first, expect_tensor, forbid, judge_prediction
 from ._core import meta_table, one_thread as _one_thread
-from ._vocabulary import compare, draw, expect, fail, judge_configured, matches, when
+from ._vocabulary import call_on_copies, compare, draw, expect, expect_tensor_of, fail, judge_configured, matches
+from ._vocabulary import passes, when
 from .ch03 import _rope_complex
 
 # ----------------------------------------------------------------------------- helpers
@@ -39,6 +40,8 @@ _NORMS = ((F, "layer_norm"), (F, "rms_norm"), (torch, "layer_norm"), (torch, "rm
 _MOVES = tuple((owner, name) for owner in (torch, torch.Tensor)
                for name in ("movedim", "moveaxis", "swapaxes", "swapdims", "permute", "transpose"))
 _LOW = (torch.bfloat16, torch.float16)
+_INTERLEAVED_ROPE = ("RoPE paired neighbouring entries (2j, 2j + 1): this block uses the half-split pairing, entry j "
+                     "with entry j + d_head/2 (rotate_half).")
 _IN_PLACE = ("build new tensors: x - mean, not x -= mean or x.sub_(mean) (and x.float() of a float32 x is x itself, "
              "not a copy): the caller reads its input again, as the residual connection of a block does.")
 
@@ -47,14 +50,10 @@ def _run(fn: Callable, x: torch.Tensor, name: str, dtype_hint: str | None = None
          exercise: str = "") -> Any:
     """``fn`` on a copy of ``x``, under ``forbid(*forbidden)``: the copy must come back unchanged (the spec: no
     input is changed) and, given ``dtype_hint``, the output must be a tensor of x's shape and dtype."""
-    given = x.clone()
     with forbid(*forbidden, exercise=exercise) if forbidden else contextlib.nullcontext():
-        out = call(fn, given, name=name)
-    expect(torch.equal(given, x), f"{name} changed its input in place.", _IN_PLACE)
-    if dtype_hint is None:
-        return out
-    out = expect_tensor(out, tuple(x.shape), f"{name} output")
-    expect(out.dtype == x.dtype, f"{name} returned {out.dtype} for a {x.dtype} input.", dtype_hint)
+        out = call_on_copies(fn, x, name=name, hint=_IN_PLACE)
+    if dtype_hint is not None:
+        expect_tensor_of(out, x.shape, x.dtype, name, dtype_hint)
     return out
 
 
@@ -530,13 +529,13 @@ def _decoder_oracle(x: torch.Tensor, p: dict, H: int, H_kv: int, pre: bool, base
     make the tests' wrong variants."""
     B, T, d = x.shape
     dh = d // H
-    pairing = "interleaved" if rope == "interleaved" else "half"
 
     def norm(h, name):
         return F.rms_norm(h, (d,), p[name].to(h.dtype), 1e-6)
 
     def heads(h, w, n, rotate):    # (B, T, d) -> (B, n, T, dh), rotated at positions 0 .. T-1
         h = F.linear(h, w).view(B, T, n, dh).transpose(1, 2)
+        pairing = "interleaved" if rope == "interleaved" else "half"
         return _rope_complex(h, torch.arange(T), base, pairing).to(h.dtype) if rotate and rope != "none" else h
 
     def attn(h):
@@ -547,8 +546,7 @@ def _decoder_oracle(x: torch.Tensor, p: dict, H: int, H_kv: int, pre: bool, base
         return F.linear(y.transpose(1, 2).reshape(B, T, H * dh), p["wo"])
 
     def ffn(h):
-        gate, up = F.linear(h, p["wgu"]).chunk(2, dim=-1)
-        return F.linear(F.silu(gate) * up, p["wd"])
+        return _swiglu_ref(h, *p["wgu"].chunk(2), p["wd"])
 
     layout = layout or ("pre" if pre else "post")
     if layout == "post":
@@ -572,8 +570,7 @@ def _decoder_variants(x, p, H, H_kv, pre, base) -> list:
          "x = norm(x + f(x)) is Post-LN; Pre-LN normalises the input of each sublayer and adds its output to the "
          "un-normalised x: x = x + f(norm(x))." if pre else
          "x = x + f(norm(x)) is Pre-LN; Post-LN adds first and normalises the sum: x = norm(x + f(x))."),
-        (dict(rope="interleaved"), "RoPE paired neighbouring entries (2j, 2j + 1): this block uses the half-split "
-                                   "pairing, entry j with entry j + d_head/2 (rotate_half)."),
+        (dict(rope="interleaved"), _INTERLEAVED_ROPE),
         (dict(rope="none"), "queries and keys were not rotated: apply RoPE to both, after splitting into heads."),
         (dict(rope="q only"), "only the queries were rotated: RoPE rotates the keys too (never the values)."),
         (dict(causal=False), "there is no causal mask: position t may see positions 0 .. t only."),
@@ -596,38 +593,29 @@ def _decoder_variants(x, p, H, H_kv, pre, base) -> list:
 
 def _decoder_weights(block: Any, width: int, H: int, H_kv: int, h: int, d) -> dict[str, torch.Tensor]:
     """Check the block's layers and fill them with weights drawn from ``d``; the weights, by oracle name."""
-    cls, dh = "DecoderBlock", width // H
-    p = {}
-    for name, d_in, d_out in (("w_q", width, H * dh), ("w_k", width, H_kv * dh), ("w_v", width, H_kv * dh),
-                              ("w_o", H * dh, width)):
-        p[name.replace("_", "")] = _fill(_check_linear(block, name, d_in, d_out, False, cls), d)[0]
+    dh = width // H
+    p = {name.replace("_", ""): _linear(block, name, d_in, d_out, False, "DecoderBlock", d)[0] for name, d_in, d_out
+         in (("w_q", width, H * dh), ("w_k", width, H_kv * dh), ("w_v", width, H_kv * dh), ("w_o", H * dh, width))}
     for name in ("norm1", "norm2"):
         norm = getattr(block, name, None)
         weight = getattr(norm, "weight", None)
         expect(isinstance(weight, nn.Parameter) and tuple(weight.shape) == (width,) and _n_params(norm) == width,
-               f"{cls} needs `{name}`, an RMSNorm(d_model) with a weight of shape ({width},) and nothing else.",
+               f"DecoderBlock needs `{name}`, an RMSNorm(d_model) with a weight of shape ({width},) and nothing else.",
                f"create self.{name} = RMSNorm(d_model) (your class from exercise 5) in __init__.")
         with torch.no_grad():
             p["n" + name[-1]] = weight.copy_(d.randn(width) * 0.3 + 1).detach().clone()
-    ffn = getattr(block, "ffn", None)
-    expect(ffn is not None, f"{cls} needs `ffn`, a SwiGLU(d_model, d_hidden).",
+    expect((ffn := getattr(block, "ffn", None)) is not None, "DecoderBlock needs `ffn`, a SwiGLU(d_model, d_hidden).",
            "create self.ffn = SwiGLU(d_model, d_hidden) (your class from exercise 3).")
-    p["wgu"] = _fill(_check_linear(ffn, "w_gate_up", width, 2 * h, False, "SwiGLU"), d, 2.0)[0]
-    p["wd"] = _fill(_check_linear(ffn, "w_down", h, width, False, "SwiGLU"), d)[0]
-    want_n = 2 * width * H * dh + 2 * width * H_kv * dh + 3 * width * h + 2 * width
-    expect(_n_params(block) == want_n, f"the block has {_n_params(block)} parameters, expected {want_n} (w_q, w_k, "
-           "w_v, w_o, the SwiGLU and two RMSNorms).", "a block holds norm1, norm2, w_q, w_k, w_v, w_o and ffn, "
-           "nothing more; no biases.")
+    p["wgu"], p["wd"] = _swiglu_weights(ffn, width, h, d)
+    _expect_params(block, 2 * width * H * dh + 2 * width * H_kv * dh + 3 * width * h + 2 * width, "the block",
+                   "a block holds norm1, norm2, w_q, w_k, w_v, w_o and ffn (the SwiGLU), nothing more; no biases.")
     return p
 
 
 def _run_block(block: Any, x: torch.Tensor, shown: str) -> torch.Tensor:
-    with forbid((F, "scaled_dot_product_attention"), *_NORMS, (F, "silu"),
-                exercise="the decoder block with your own attention, RMSNorm and silu"):
-        got = expect_tensor(_unchanged_call(block, x, name=f"{shown}.forward"), tuple(x.shape), "DecoderBlock output")
-    expect(got.dtype == x.dtype, f"DecoderBlock returned {got.dtype} for a {x.dtype} input.",
-           "build the angles and the mask on x's device, and cast cos and sin to x's dtype.")
-    return got
+    return _run(block, x, f"{shown}.forward", "build the angles and the mask on x's device, and cast cos and sin to "
+                "x's dtype.", ((F, "scaled_dot_product_attention"), *_NORMS, (F, "silu")),
+                "the decoder block with your own attention, RMSNorm and silu")
 
 
 def _check_block_rope(block: Any, shown: str, H: int, dh: int, base: float, d) -> None:
@@ -635,21 +623,17 @@ def _check_block_rope(block: Any, shown: str, H: int, dh: int, base: float, d) -
     float32 are off by more than float64's tolerance: the spec asks for float64 angles for float64 inputs."""
     T = d.rng.randrange(200, 600)
     x = d.randn(2, H, T, dh, dtype=torch.float64)
-    rope = getattr(block, "rope", None)
-    expect(rope is not None, f"{shown} has no method `rope`.", "write the rotation as the method rope(x): (B, heads, "
-           "T, d_head) -> the same, rotated at positions 0 .. T-1; forward calls it for queries and keys.")
-    got = expect_tensor(_unchanged_call(rope, x, name=f"{shown}.rope"), tuple(x.shape), f"{shown}.rope output")
-    expect(got.dtype == torch.float64, f"{shown}.rope returned {got.dtype} for a float64 input.",
-           "cast cos and sin to x's dtype, and compute them in float64 for a float64 x.")
+    expect((rope := getattr(block, "rope", None)) is not None, f"{shown} has no method `rope`.", "write the rotation "
+           "as the method rope(x): (B, heads, T, d_head) -> the same, rotated at positions 0 .. T-1; forward calls it "
+           "for queries and keys.")
+    got = _run(rope, x, f"{shown}.rope", "cast cos and sin to x's dtype, and compute them in float64 for a float64 x.")
     want = _rope_complex(x, torch.arange(T), base)
     compare(got, want, f"{shown}.rope on float64 queries at positions 0 .. {T - 1}",
             "rotate entry j with entry j + d_head/2 by the angle t * theta_j, theta_j = base^(-2j/d_head).", variants=[
                 (when(lambda got: matches(got, want, (1e-4, 1e-4))),
                  "right to float32 accuracy only: for a float64 input the spec computes the angles (theta_j and t * "
                  "theta_j) in float64; angles of several hundred radians in float32 are off by about 1e-5."),
-                (lambda: _rope_complex(x, torch.arange(T), base, "interleaved"),
-                 "RoPE paired neighbouring entries (2j, 2j + 1): this block uses the half-split pairing, entry j with "
-                 "entry j + d_head/2 (rotate_half).")])
+                (lambda: _rope_complex(x, torch.arange(T), base, "interleaved"), _INTERLEAVED_ROPE)])
 
 
 @_one_thread
@@ -668,7 +652,7 @@ def check_decoder_block(DecoderBlock, RMSNorm=None, SwiGLU=None, silu=None, hidd
     with earlier_first(*_calls("DecoderBlock", silu=silu, RMSNorm=RMSNorm, SwiGLU=SwiGLU)):
         for i, (width, H, H_kv, h, pre, T, dtype) in enumerate(cases):
             base = 10000.0 if i % 2 == 0 else 500.0
-            shown = f"DecoderBlock({width}, {H}, {H_kv}, {h}, pre_ln={pre}, base={base})"
+            shown = _shown("DecoderBlock", width, H, H_kv, h, pre_ln=pre, base=base)
             block = call(DecoderBlock, width, H, H_kv, h, pre_ln=pre, base=base, name=shown)
             p = {k: v.to(dtype) for k, v in _decoder_weights(block, width, H, H_kv, h, d).items()}
             x = (d.randn(2, T, width, dtype=torch.float64) * 1.5 + 0.3).to(dtype)

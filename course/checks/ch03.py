@@ -399,13 +399,13 @@ def _decoder_mask_oracle(key_is_real: torch.Tensor, q_len: int, offset_shift: in
     return out
 
 
-def _decoder_mask_variants(past: int) -> list:
-    """(keyword arguments of the oracle, hint) for common bugs, ``past`` positions before the queries."""
-    top_left = [] if past == 0 else [(dict(offset_shift=-past), (
-        f"the causal part is aligned to the top left: with {past} earlier positions in the cache, query i is at "
-        f"position {past} + i and sees every key up to it (a bottom-right alignment). tril() of a (q_len, k_len) "
-        "matrix, or is_causal=True, puts query 0 at position 0."))]
-    return top_left + [
+def _decoder_mask_variants(real: torch.Tensor, q_len: int) -> list:
+    """The masks of common bugs, in the order their hints are tried (without a cache, the first is the contract)."""
+    past = real.shape[1] - q_len
+    return [(lambda kw=kw: _decoder_mask_oracle(real, q_len, **kw), hint) for kw, hint in [
+        (dict(offset_shift=-past), f"the causal part is aligned to the top left: with {past} earlier positions in the "
+         f"cache, query i is at position {past} + i and sees every key up to it (a bottom-right alignment). tril() of "
+         "a (q_len, k_len) matrix, or is_causal=True, puts query 0 at position 0."),
         (dict(strict=True), "the diagonal is missing: a token may attend to itself (key j equal to the query's "
                             "position), so compare with <=, not <."),
         (dict(offset_shift=1), "off by one: query i is at position k_len - q_len + i, not k_len - q_len + i + 1."),
@@ -414,38 +414,33 @@ def _decoder_mask_variants(past: int) -> list:
         (dict(causal=False), "the mask is not causal: a query may not see keys after its own position."),
         (dict(pad_queries=True), "padding queries were masked too: only keys are hidden. The row of a padding query "
          "keeps what it may see (often nothing: exercise 2 then gives it a zero output, and the loss ignores it)."),
-    ]
+    ]]
+
+
+def _left_padded(pads: list[int], k_len: int, q_len: int) -> tuple:
+    return torch.arange(k_len)[None, :] >= torch.tensor(pads)[:, None], q_len, f"left padding of {pads} tokens"
 
 
 @_one_thread
 def check_decoder_mask(decoder_mask, hidden: bool = False) -> None:
     d = draw("decoder_mask", hidden)
     # (key_is_real, q_len, how): left padding for prefill and after a cache; hidden, padding anywhere.
-    def left(pads, k_len, q_len):
-        real = torch.ones(len(pads), k_len, dtype=torch.bool)
-        for b, n in enumerate(pads):
-            real[b, :n] = False
-        return real, q_len, f"left padding of {pads} tokens"
-
     def drawn(d):
         B, k_len = d.rng.randrange(1, 5), d.rng.randrange(2, 15)
         return [d.rng.randrange(0, k_len) for _ in range(B)], k_len, d.rng.randrange(1, k_len + 1)
 
-    visible = [([2, 0], 6, 6), ([3, 0, 1], 7, 2), ([1, 4], 5, 1)]
     extra = [([0], 1, 1), ([5, 0], 9, 3), ([0, 0, 2, 7], 8, 8)] if d.hidden else []
-    cases = [left(*c) for c in d.cases(visible + extra, drawn, 3)]
+    cases = [_left_padded(*c) for c in d.cases([([2, 0], 6, 6), ([3, 0, 1], 7, 2), ([1, 4], 5, 1)] + extra, drawn, 3)]
     if d.hidden:
-        cases.append((torch.tensor([[True, False, True, True, False, True], [False, True, True, False, True, True]]),
-                      4, "padding in the middle of the sequences"))
-        for B, k_len in ((d.rng.randrange(1, 4), d.rng.randrange(3, 12)) for _ in range(2)):
-            cases.append((d.uniform(0, 1, B, k_len) > 0.3, d.rng.randrange(1, k_len + 1), "padding at random places"))
+        middle = torch.tensor([[True, False, True, True, False, True], [False, True, True, False, True, True]])
+        cases += [(middle, 4, "padding in the middle of the sequences")] + [
+            (d.uniform(0, 1, B, k_len) > 0.3, d.rng.randrange(1, k_len + 1), "padding at random places")
+            for B, k_len in ((d.rng.randrange(1, 4), d.rng.randrange(3, 12)) for _ in range(2))]
     for real, q_len, how in cases:
         B, k_len = real.shape
         label = (f"decoder_mask(key_is_real of shape {(B, k_len)} with {how}, q_len={q_len}) "
                  f"(the queries are positions {k_len - q_len} .. {k_len - 1})")
-        (given,) = _copies(real)
-        got = call(decoder_mask, given, q_len)
-        expect(torch.equal(given, real), f"{label} changed key_is_real in place.", "build a new tensor.")
+        got = call_on_copies(decoder_mask, real, q_len, name=label, hint="build a new tensor.")
         expect(isinstance(got, torch.Tensor) and got.dtype == torch.bool,
                f"{label} should return a bool tensor, got {getattr(got, 'dtype', type(got).__name__)}.",
                "combine comparisons of positions with & so that the result stays boolean.")
@@ -453,10 +448,8 @@ def check_decoder_mask(decoder_mask, hidden: bool = False) -> None:
                f"{tuple(got.shape)}, expected {(B, 1, q_len, k_len)}.", "the mask needs a head axis of size 1, "
                "(B, 1, q_len, k_len), so that it broadcasts against scores of shape (B, n_heads, q_len, k_len).")
         expect_tensor(got, (B, 1, q_len, k_len), label)
-        compare(got, _decoder_mask_oracle(real, q_len), label,
-                "True where key j is real and j <= k_len - q_len + i (query i's position), for every sequence.",
-                variants=[(lambda kw=kw: _decoder_mask_oracle(real, q_len, **kw), hint)
-                          for kw, hint in _decoder_mask_variants(k_len - q_len)])
+        compare(got, _decoder_mask_oracle(real, q_len), label, "True where key j is real and j <= k_len - q_len + i "
+                "(query i's position), for every sequence.", variants=_decoder_mask_variants(real, q_len))
 
 # ----------------------------------------------------------------------------- exercise 4
 

@@ -681,10 +681,8 @@ def check_decoder_block(DecoderBlock, RMSNorm=None, SwiGLU=None, silu=None, hidd
 
 def _count_oracle(V: int, d: int, L: int, H: int, H_kv: int, h: int, gated: bool, bias: bool, norm: str,
                   tied: bool) -> int:
-    """Build the model's parts from nn modules on the meta device (shapes only) and count them: the
-    embedding, final norm and head once (each tensor once: a tied head adds nothing), one block n_layers
-    times. The table gets its empty weight: initialising an embedding on the meta device imports
-    TorchDynamo (2 s)."""
+    """Build the model's parts from nn modules on the meta device (shapes only) and count them: the embedding,
+    final norm and head once (each tensor once: a tied head adds nothing), one block n_layers times."""
     Norm, dh = nn.RMSNorm if norm == "rms" else nn.LayerNorm, d // H
     linear = functools.partial(nn.Linear, bias=bias, device="meta")
     block = nn.ModuleList([linear(d, H * dh), linear(d, H_kv * dh), linear(d, H_kv * dh), linear(H * dh, d),
@@ -696,14 +694,20 @@ def _count_oracle(V: int, d: int, L: int, H: int, H_kv: int, h: int, gated: bool
     return _n_params(ends) + L * _n_params(block)
 
 
+def _drawn_config(rng) -> tuple[int, ...]:
+    """(vocab_size, d_model, n_layers, n_heads, n_kv_heads, d_hidden) drawn from ``rng``."""
+    H = rng.choice([1, 2, 4, 8, 12, 16, 32, 64])
+    return (rng.randrange(2, 200_000), H * rng.choice([8, 16, 64, 128]), rng.randrange(1, 100), H,
+            rng.choice([k for k in (1, 2, 4, 8, H) if H % k == 0]), rng.randrange(1, 30_000))
+
+
 def _count_variants(want: int, V: int, d: int, L: int, H: int, H_kv: int, h: int, gated: bool, bias: bool,
-                    norm: str, tied: bool) -> list[tuple[int, str]]:
-    """The counts that the usual slips give, with their hints."""
-    dh = d // H
-    one_norm = d if norm == "rms" else 2 * d
-    kv, kv_full = 2 * d * H_kv * dh + (2 * H_kv * dh if bias else 0), 2 * d * H * dh + (2 * H * dh if bias else 0)
-    ffn_bias = ((2 * h + d) if gated else (h + d)) if bias else 0
-    attn_bias = H * dh + 2 * H_kv * dh + d if bias else 0
+                    norm: str, tied: bool) -> list:
+    """The counts that the usual slips give (a changed flag: the count of that model), with their hints."""
+    config = dict(V=V, d=d, L=L, H=H, H_kv=H_kv, h=h, gated=gated, bias=bias, norm=norm, tied=tied)
+    count = lambda **changed: lambda: _count_oracle(**{**config, **changed})  # noqa: E731
+    one_norm, dh = d if norm == "rms" else 2 * d, d // H
+    attn_bias, ffn_bias = (H * dh + 2 * H_kv * dh + d, (2 * h + d) if gated else (h + d)) if bias else (0, 0)
     return [
         (want + V * d, "the output layer was counted although tied=True: it is the embedding matrix itself, counted "
                        "once." if tied else
@@ -711,16 +715,16 @@ def _count_variants(want: int, V: int, d: int, L: int, H: int, H_kv: int, h: int
         (want - V * d, "untied (tied=False), the output layer is a vocab_size x d_model matrix of its own: count it "
                        "beside the embedding." if not tied else "the token embedding (vocab_size x d_model) is "
                                                                 "missing."),
-        (want + L * (kv_full - kv), "w_k and w_v were counted at full width: with grouped-query attention they map "
-                                    "d_model to n_kv_heads * d_head features."),
+        (count(H_kv=H), "w_k and w_v were counted at full width: with grouped-query attention they map d_model to "
+                        "n_kv_heads * d_head features."),
         (want - one_norm, "the final norm after the last block is missing: a model has 2 * n_layers + 1 norms."),
-        (want + L * (d * h + (h if bias else 0)) * (-1 if gated else 1),
-         "the gated FFN has three matrices (w_gate, w_up, w_down), the ungated one two (fc1, fc2)."),
-        (want - L * ffn_bias - L * attn_bias, "the biases were left out: with bias=True every linear layer of the "
-                                              "blocks has one (as wide as its output)."),
+        (count(gated=not gated), "the gated FFN has three matrices (w_gate, w_up, w_down), the ungated one two (fc1, "
+                                 "fc2)."),
+        (count(bias=False), "the biases were left out: with bias=True every linear layer of the blocks has one (as "
+                            "wide as its output)."),
         (want - L * attn_bias, "the attention projections have biases too when bias=True."),
         (want - L * ffn_bias, "the FFN's layers have biases too when bias=True."),
-        (want + (2 * L + 1) * d * (1 if norm == "rms" else -1),
+        (count(norm="layer" if norm == "rms" else "rms"),
          "an RMSNorm has a weight of d_model only; a LayerNorm a weight and a bias, 2 * d_model."),
         (want - (2 * L + 1) * one_norm, "the norms were left out: each holds d_model (RMSNorm) or 2 * d_model "
                                         "(LayerNorm) parameters, two per block and one at the end."),
@@ -736,25 +740,20 @@ def check_count_params(count_params, hidden: bool = False) -> None:
              ((1000, 48, 3, 6, 2, 128), dict(gated=True, bias=True, norm="layer", tied=False), "gated, with biases")]
     if hidden:
         rng = draw("count_params", hidden).rng
-        for j in range(8):
-            H = rng.choice([1, 2, 4, 8, 12, 16, 32, 64])
-            H_kv = rng.choice([k for k in (1, 2, 4, 8, H) if H % k == 0])
-            cases.append(((rng.randrange(2, 200000), H * rng.choice([8, 16, 64, 128]), rng.randrange(1, 100), H, H_kv,
-                           rng.randrange(1, 30000)), dict(gated=bool(j & 1), bias=bool(j & 2),
-                          norm="layer" if j & 4 else "rms", tied=rng.random() < 0.5), "a drawn configuration"))
+        cases += [(_drawn_config(rng), dict(gated=bool(j & 1), bias=bool(j & 2), norm="layer" if j & 4 else "rms",
+                                            tied=rng.random() < 0.5), "a drawn configuration") for j in range(8)]
         cases += [((256000, 3072, 28, 16, 16, 24576), dict(tied=True), "a wide configuration with a large vocabulary"),
                   ((10, 6, 0, 2, 1, 5), dict(norm="layer"), "no blocks at all")]
-    for (V, width, L, H, H_kv, h), flags, what in cases:
+    for config, flags, what in cases:
         flags = {"gated": True, "bias": False, "norm": "rms", "tied": True, **flags}
-        shown = (f"count_params({V}, {width}, {L}, {H}, {H_kv}, {h}, " +
-                 ", ".join(f"{k}={v!r}" for k, v in flags.items()) + f") ({what})")
-        got = call(count_params, V, width, L, H, H_kv, h, name="count_params", **flags)
+        shown = f"{_shown('count_params', *config, **flags)} ({what})"
+        got = call(count_params, *config, name="count_params", **flags)
         expect(isinstance(got, int) and not isinstance(got, bool), f"{shown} returned {type(got).__name__}, "
                "expected an int.", "count with integer arithmetic (no division with /, no tensors).")
-        want = _count_oracle(V, width, L, H, H_kv, h, **flags)
+        want = _count_oracle(*config, **flags)
         compare(got, want, shown, "count piece by piece: embedding, per block (w_q, w_k, w_v, w_o, the FFN, two "
                 "norms), the final norm, and the output layer unless tied.",
-                variants=_count_variants(want, V, width, L, H, H_kv, h, **flags))
+                variants=_count_variants(want, *config, **flags))
 
 
 def check_ffn_activation_bytes(ffn_activation_bytes, hidden: bool = False) -> None:
@@ -768,7 +767,7 @@ def check_ffn_activation_bytes(ffn_activation_bytes, hidden: bool = False) -> No
         size = torch.empty((), dtype=dtype).element_size()
         per, want = B * T * h * size, (4 if gated else 2) * B * T * h * size
         compare(call(ffn_activation_bytes, B, T, h, dtype, gated=gated, name="ffn_activation_bytes"), want,
-                f"ffn_activation_bytes({B}, {T}, {h}, {dtype}, gated={gated})",
+                _shown("ffn_activation_bytes", B, T, h, dtype, gated=gated),
                 "bytes = (2 or 4 tensors) * batch * seq_len * d_hidden * bytes per element.", variants=[
                     (want * 8, "that is bits: divide by 8 (or use element_size())."),
                     (2 * per if gated else None, "the gated FFN keeps four hidden tensors for the backward pass "

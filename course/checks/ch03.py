@@ -455,9 +455,8 @@ def check_decoder_mask(decoder_mask, hidden: bool = False) -> None:
 
 
 def _forward(module, x, mask=None):
-    with forbid(*_SDPA, exercise="MultiHeadAttention"):
-        return _call_on_copies(module, (x,), **({} if mask is None else {"mask": mask.clone()}),
-                               name="MultiHeadAttention.forward")
+    return _run(module, x, **({} if mask is None else {"mask": mask}), name="MultiHeadAttention.forward",
+                exercise="MultiHeadAttention")[0]
 
 
 def _check_linear(module, attr: str, d_in: int, d_out: int, bias: bool) -> None:
@@ -479,19 +478,12 @@ def _mha_layout_ref(params, x, mask, n_heads, layout="per_head", split="transpos
     B, T, d_model = x.shape
     d_head = d_model // n_heads
     y = F.linear(x, *params[:2])                                         # (B, T, 3 d_model)
-    if layout == "per_head":
-        parts = y.view(B, T, n_heads, 3, d_head).unbind(3)               # each (B, T, n_heads, d_head)
-    elif layout == "chunks":
-        parts = [t.view(B, T, n_heads, d_head) for t in y.split(d_model, dim=-1)]
-    else:  # "interleaved": q, k, v alternate feature by feature
-        parts = y.view(B, T, n_heads, d_head, 3).unbind(4)
+    parts = {"per_head": lambda: y.view(B, T, n_heads, 3, d_head).unbind(3),      # each (B, T, n_heads, d_head)
+             "chunks": lambda: [t.view(B, T, n_heads, d_head) for t in y.split(d_model, dim=-1)],
+             "interleaved": lambda: y.view(B, T, n_heads, d_head, 3).unbind(4)}[layout]()
     q, k, v = (t.transpose(1, 2) if split == "transpose" else t.reshape(B, n_heads, T, d_head) for t in parts)
-    scores = q @ k.transpose(-2, -1) / math.sqrt(d_head if scale == "d_head" else d_model)
-    mask = mask if use_mask else None
-    if mask is not None:
-        scores = scores.masked_fill(~mask, torch.finfo(torch.float64).min)
-    weights = torch.softmax(scores, dim=-1)
-    out = (weights if mask is None else weights.masked_fill(~mask, 0.0)) @ v      # (B, n_heads, T, d_head)
+    q = q if scale == "d_head" else q * math.sqrt(d_head / d_model)      # scores over sqrt(d_model)
+    out = _attention_ref(q, k, v, mask if use_mask else None)[0]          # (B, n_heads, T, d_head)
     out = out.transpose(1, 2).reshape(B, T, d_model) if merge else out.reshape(B, T, d_model)
     return F.linear(out, *params[2:]) if out_proj else out
 
@@ -545,25 +537,53 @@ def _check_blind_query(module, params, x, causal, n_heads: int, cfg: str, hidden
     """A query that may see no key: the contract promises it a zero output from every head, so the
     layer's output there is out_proj's bias (or zero). Its other queries must be untouched."""
     B, T, d_model = x.shape
-    blind = causal.expand(B, 1, T, T).clone()
-    blind[0, 0, 1, :] = False
+    blind = causal.expand(B, n_heads if hidden else 1, T, T).clone()
+    blind[0, :, 1, :] = False
     if hidden:
-        blind = blind.expand(B, n_heads, T, T).clone()
         blind[-1, -1, T - 1, :] = False
-    y = _forward(module, x, blind)
-    what = (f"with a {'per-head ' if hidden else ''}causal mask of shape {tuple(blind.shape)} in which query 1 "
-            f"of sequence 0 sees no key ({cfg})")
-    expect_tensor(y, (B, T, d_model), f"MultiHeadAttention output {what}")
-    expect(bool(torch.isfinite(y).all()), f"MultiHeadAttention {what} gave NaN.", "a query that may see no key must "
-           "get a zero output from every head: call your scaled_dot_product_attention from exercise 2, which returns "
-           "zeros for such rows.")
-    want = _mha_layout_ref(params, x, blind, n_heads).to(x.dtype)
-    seen = blind.any(dim=-1).all(dim=1)                         # (B, T): queries that see a key in every head
-    compare(y, want, f"MultiHeadAttention {what}", _MHA_HINT, variants=[
+    what = (f"MultiHeadAttention with a {'per-head ' if hidden else ''}causal mask of shape {tuple(blind.shape)} in "
+            f"which query 1 of sequence 0 sees no key ({cfg})")
+    want, seen = _mha_layout_ref(params, x, blind, n_heads).to(x.dtype), blind.any(dim=-1).all(dim=1)   # seen: (B, T)
+    compare(_forward(module, x, blind), want, what, _MHA_HINT, variants=[
+        (when(lambda got: not bool(torch.isfinite(got).all())), "a query that may see no key must get a zero output "
+         "from every head: call your scaled_dot_product_attention from exercise 2, which returns zeros for such rows."),
         (when(lambda got: matches(got[seen], want[seen])), "a query that may see no key must get a zero output from "
          "that head, not an average of the values: after the softmax, the weights of masked keys must be 0 (your "
          "scaled_dot_product_attention from exercise 2 does this). The head split, the merge and out_proj are right."),
         *_mha_variants(params, x, blind, n_heads)])
+
+
+def _check_mha_config(MultiHeadAttention, d, d_model: int, n_heads: int, bias: bool, dtype: torch.dtype) -> None:
+    """One layer, its weights those of an nn.MultiheadAttention: without a mask, causal, causality, a blind query."""
+    module = call(MultiHeadAttention, d_model, n_heads, bias=bias, name="MultiHeadAttention(...)")
+    for name, sub in module.named_modules():
+        expect(not isinstance(sub, nn.MultiheadAttention), f"MultiHeadAttention contains an nn.MultiheadAttention "
+               f"({name or 'the module itself'}).", "this exercise asks you to build the layer from four nn.Linear "
+               "layers; nn.MultiheadAttention is the oracle the tests compare against.")
+    for attr, d_out in (("qkv", 3 * d_model), ("out_proj", d_model)):
+        _check_linear(module, attr, d_model, d_out, bias)
+    ref = _reference_layer(module, d, d_model, n_heads, bias, dtype)
+    params = [None if p is None else p.detach().double() for layer in (module.qkv, module.out_proj)
+              for p in (layer.weight, layer.bias)]
+    B, T = (d.rng.randrange(2, 4), d.rng.randrange(4, 9)) if d.hidden else (2, 5)
+    x, causal = d.randn(B, T, d_model, dtype=dtype), torch.ones(T, T, dtype=torch.bool).tril().view(1, 1, T, T)
+    cfg = f"d_model={d_model}, n_heads={n_heads}, bias={bias}, {str(dtype)[6:]}"
+    y = _forward(module, x)
+    expect_tensor_of(y, (B, T, d_model), dtype, f"MultiHeadAttention output ({cfg})", "keep the dtype of x.")
+    with torch.no_grad():
+        want, want_causal = (ref(x, x, x, attn_mask=m, need_weights=False)[0] for m in (None, ~causal[0, 0]))
+    compare(y, want, f"self-attention output ({cfg}, input (B, T) = {(B, T)}) against nn.MultiheadAttention "
+            "with the same weights", _MHA_HINT, variants=_mha_variants(params, x, None, n_heads))
+    compare(_forward(module, x, causal), want_causal, f"causal self-attention ({cfg}, T={T}) against "
+            "nn.MultiheadAttention with the same weights and mask", _MHA_HINT,
+            variants=_mha_variants(params, x, causal, n_heads))
+    x2 = x.clone()                       # causality: later tokens change no earlier output
+    x2[:, 3:] += d.randn(B, T - 3, d_model, dtype=dtype)
+    expect(matches(_forward(module, x2, causal)[:, :3], _forward(module, x, causal)[:, :3]),
+           "MultiHeadAttention with a causal mask is not causal: changing tokens from position 3 on changed "
+           "the outputs at positions before 3.", "pass the mask down to the attention of every head, so "
+           "that query i only sees keys j <= i; do not mix positions anywhere else.")
+    _check_blind_query(module, params, x, causal, n_heads, cfg, d.hidden)
 
 
 @_one_thread
@@ -574,45 +594,16 @@ def check_multi_head_attention(MultiHeadAttention, scaled_dot_product_attention=
         n_heads = d.rng.randrange(1, 7)
         return n_heads * d.rng.randrange(1, 9), n_heads, d.rng.random() < 0.5, d.rng.choice([torch.float32, torch.float64])
 
+    def indivisible(d) -> tuple[int, int]:        # sizes that do not divide, other than the visible ones
+        n_heads = d.rng.randrange(5, 13)
+        return n_heads * d.rng.randrange(4, 17) + d.rng.randrange(1, n_heads), n_heads
+
     d = draw("multi_head_attention", hidden)
     configs = [(16, 4, True, torch.float32), (12, 3, False, torch.float32), (8, 2, True, torch.float64)]
     configs += [(24, 8, True, torch.float64), (10, 1, True, torch.float32), (8, 8, False, torch.float64)] if hidden else []
     with _blame_attention_answer("MultiHeadAttention", scaled_dot_product_attention):
-        for d_model, n_heads, bias, dtype in d.cases(configs, drawn, 2):
-            module = call(MultiHeadAttention, d_model, n_heads, bias=bias, name="MultiHeadAttention(...)")
-            for name, sub in module.named_modules():
-                expect(not isinstance(sub, nn.MultiheadAttention), f"MultiHeadAttention contains an "
-                       f"nn.MultiheadAttention ({name or 'the module itself'}).", "this exercise asks you to build the "
-                       "layer from four nn.Linear layers; nn.MultiheadAttention is the oracle the tests compare against.")
-            _check_linear(module, "qkv", d_model, 3 * d_model, bias)
-            _check_linear(module, "out_proj", d_model, d_model, bias)
-            ref = _reference_layer(module, d, d_model, n_heads, bias, dtype)
-            params = [None if p is None else p.detach().double() for layer in (module.qkv, module.out_proj)
-                      for p in (layer.weight, layer.bias)]
-            B, T = (d.rng.randrange(2, 4), d.rng.randrange(4, 9)) if hidden else (2, 5)
-            x = d.randn(B, T, d_model, dtype=dtype)
-            cfg = f"d_model={d_model}, n_heads={n_heads}, bias={bias}, {str(dtype)[6:]}"
-            y = _forward(module, x)
-            expect_tensor(y, (B, T, d_model), f"MultiHeadAttention output ({cfg})")
-            expect(y.dtype == dtype, f"MultiHeadAttention ({cfg}) returned {y.dtype}.", "keep the dtype of x.")
-            causal = torch.ones(T, T, dtype=torch.bool).tril().view(1, 1, T, T)
-            with torch.no_grad():
-                want, want_causal = (ref(x, x, x, attn_mask=m, need_weights=False)[0] for m in (None, ~causal[0, 0]))
-            compare(y, want, f"self-attention output ({cfg}, input (B, T) = {(B, T)}) against nn.MultiheadAttention "
-                    "with the same weights", _MHA_HINT, variants=_mha_variants(params, x, None, n_heads))
-            compare(_forward(module, x, causal), want_causal, f"causal self-attention ({cfg}, T={T}) against "
-                    "nn.MultiheadAttention with the same weights and mask", _MHA_HINT,
-                    variants=_mha_variants(params, x, causal, n_heads))
-            x2 = x.clone()                       # causality: later tokens change no earlier output
-            x2[:, 3:] += d.randn(B, T - 3, d_model, dtype=dtype)
-            expect(matches(_forward(module, x2, causal)[:, :3], _forward(module, x, causal)[:, :3]),
-                   "MultiHeadAttention with a causal mask is not causal: changing tokens from position 3 on changed "
-                   "the outputs at positions before 3.", "pass the mask down to the attention of every head, so "
-                   "that query i only sees keys j <= i; do not mix positions anywhere else.")
-            _check_blind_query(module, params, x, causal, n_heads, cfg, hidden)
-    def indivisible(d) -> tuple[int, int]:        # sizes that do not divide, other than the visible ones
-        n_heads = d.rng.randrange(5, 13)
-        return n_heads * d.rng.randrange(4, 17) + d.rng.randrange(1, n_heads), n_heads
+        for config in d.cases(configs, drawn, 2):
+            _check_mha_config(MultiHeadAttention, d, *config)
     for d_model, n_heads in d.cases([(10, 3)], indivisible, 1):
         _check_indivisible(MultiHeadAttention, d_model, n_heads)
 

@@ -623,17 +623,13 @@ def _check_indivisible(MultiHeadAttention, d_model: int, n_heads: int) -> None:
 
 
 def _gqa_ref(q, k, v, mask, grouping="interleave", mask_grouping="interleave"):
-    """Grouped-query attention in float64: query head h uses key/value head h // group."""
+    """Grouped-query attention in float64: query head h uses key/value head h // group ("tile": h % n_kv_heads)."""
     H, n_kv = q.shape[1], k.shape[1]
-    group = H // n_kv
-    if grouping == "interleave":
-        k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
-    else:
-        k, v = k.repeat(1, group, 1, 1), v.repeat(1, group, 1, 1)
+    repeat = (lambda t: t.repeat_interleave(H // n_kv, dim=1)) if grouping == "interleave" else (
+        lambda t: t.repeat(1, H // n_kv, 1, 1))
     if mask is not None and mask_grouping != "interleave" and mask.shape[1] == H:
-        B, _, T_q, T_k = mask.shape
-        mask = mask.view(B, group, n_kv, T_q, T_k).transpose(1, 2).reshape(B, H, T_q, T_k)
-    return _attention_ref(q, k, v, mask)[0]
+        mask = mask.unflatten(1, (H // n_kv, n_kv)).transpose(1, 2).reshape(mask.shape)
+    return _attention_ref(q, repeat(k), repeat(v), mask)[0]
 
 
 def _gqa_mask(d, B: int, H: int, T_q: int, T_k: int, kind: str | None) -> torch.Tensor | None:
@@ -651,38 +647,35 @@ def _gqa_mask(d, B: int, H: int, T_q: int, T_k: int, kind: str | None) -> torch.
     return None
 
 
+def _drawn_gqa_case(d) -> tuple:
+    n_kv = d.rng.randrange(1, 4)
+    H, dh = n_kv * d.rng.randrange(2, 5), d.rng.choice([16, 24, 32])
+    return (d.rng.randrange(1, 4), H, n_kv, d.rng.randrange(1, 5), d.rng.randrange(12, 40), dh,
+            d.rng.choice([None, "causal", "per_head", "padding"]), d.rng.choice([torch.float32, torch.float64]))
+
+
 @_one_thread
 def check_grouped_query_attention(grouped_query_attention, scaled_dot_product_attention=None,
                                   hidden: bool = False) -> None:
     """scaled_dot_product_attention, when given, is the exercise 2 answer it may call: a failure it
     causes is blamed on it."""
     d = draw("grouped_query_attention", hidden)
+    # (B, n_heads, n_kv_heads, T_q, T_k, d_head, mask kind, dtype): decoding shapes (T_q < d_head).
+    cases = [(2, 4, 2, 1, 24, 16, None, torch.float32), (2, 6, 2, 3, 20, 16, "causal", torch.float32),
+             (1, 8, 2, 2, 18, 16, "per_head", torch.float32), (2, 4, 4, 3, 10, 8, "padding", torch.float32),
+             (1, 6, 3, 2, 16, 16, "causal", torch.float64)]
+    extra = [(2, 8, 1, 2, 30, 32, "causal", torch.float64), (1, 12, 3, 4, 16, 16, "per_head", torch.float64),
+             (3, 4, 2, 1, 40, 8, "padding", torch.float32)] if d.hidden else []
     with _blame_attention_answer("grouped_query_attention", scaled_dot_product_attention):
-        # (B, n_heads, n_kv_heads, T_q, T_k, d_head, mask kind, dtype): decoding shapes (T_q < d_head), where
-        def drawn(d):
-            n_kv = d.rng.randrange(1, 4)
-            H, dh = n_kv * d.rng.randrange(2, 5), d.rng.choice([16, 24, 32])
-            return (d.rng.randrange(1, 4), H, n_kv, d.rng.randrange(1, 5), d.rng.randrange(12, 40), dh,
-                    d.rng.choice([None, "causal", "per_head", "padding"]), d.rng.choice([torch.float32, torch.float64]))
-
-        cases = [(2, 4, 2, 1, 24, 16, None, torch.float32), (2, 6, 2, 3, 20, 16, "causal", torch.float32),
-                 (1, 8, 2, 2, 18, 16, "per_head", torch.float32), (2, 4, 4, 3, 10, 8, "padding", torch.float32),
-                 (1, 6, 3, 2, 16, 16, "causal", torch.float64)]
-        if d.hidden:
-            cases += [(2, 8, 1, 2, 30, 32, "causal", torch.float64), (1, 12, 3, 4, 16, 16, "per_head", torch.float64),
-                      (3, 4, 2, 1, 40, 8, "padding", torch.float32)]
-        cases = d.cases(cases, drawn, 3)
-        for B, H, n_kv, T_q, T_k, dh, kind, dtype in cases:
+        for B, H, n_kv, T_q, T_k, dh, kind, dtype in d.cases(cases + extra, _drawn_gqa_case, 3):
             mask = _gqa_mask(d, B, H, T_q, T_k, kind)
             q, k, v = (d.randn(B, n, T, dh, dtype=dtype) for n, T in ((H, T_q), (n_kv, T_k), (n_kv, T_k)))
             label = (f"grouped_query_attention with n_heads={H}, n_kv_heads={n_kv}, B={B}, T_q={T_q}, T_k={T_k}, "
                      f"d_head={dh}, {str(dtype)[6:]}, "
                      + ("no mask" if mask is None else f"a {kind.replace('_', '-')} mask {tuple(mask.shape)}"))
-            largest = _LargestTensor()
-            with forbid(*_SDPA, exercise="grouped-query attention"), largest:
-                got = _call_on_copies(grouped_query_attention, (q, k, v, mask), name="grouped_query_attention")
-            expect_tensor(got, (B, H, T_q, dh), label)
-            expect(got.dtype == dtype, f"{label} returned {got.dtype}.", "keep the dtype of q.")
+            got, largest = _run(grouped_query_attention, q, k, v, mask, name="grouped_query_attention",
+                                exercise="grouped-query attention")
+            expect_tensor_of(got, (B, H, T_q, dh), dtype, label, "keep the dtype of q.")
             ref = lambda m=mask, **kw: lambda: _gqa_ref(q, k, v, m, **kw).to(dtype)  # noqa: E731
             compare(got, ref()(), label, "out[:, h] = softmax(q[:, h] @ k[:, h // group]^T / sqrt(d_head), masked) @ "
                     "v[:, h // group], with the mask of head h.", variants=[

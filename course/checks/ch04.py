@@ -783,6 +783,8 @@ def check_ffn_activation_bytes(ffn_activation_bytes, hidden: bool = False) -> No
 
 _NEVER_ENFORCED = ("capacity was never enforced: an expert takes at most capacity = ceil(capacity_factor * n_tokens "
                    "* k / n_experts) tokens; the others are dropped.")
+_OVER_TOKENS = ("the routing is top-k of the softmax over the experts (the last dimension), one distribution per "
+                "token: softmax(router(x), dim=-1).")
 
 
 def moe_reference(x: torch.Tensor, router_w: torch.Tensor, experts: list[tuple], k: int,
@@ -818,30 +820,28 @@ def moe_reference(x: torch.Tensor, router_w: torch.Tensor, experts: list[tuple],
     return y.view(B, T, d), aux, kept.view(B, T, k)
 
 
-def _routing(x: torch.Tensor, router_w: torch.Tensor, k: int) -> tuple[torch.Tensor, Any]:
-    """The router's probabilities (N, E), in float64, and their top k (values and indices, (N, k))."""
-    probs = torch.softmax(x.reshape(-1, x.shape[-1]).double() @ router_w.double().T, dim=-1)
-    return probs, probs.topk(k, dim=-1)
+def _router_probs(x: torch.Tensor, router_w: torch.Tensor) -> torch.Tensor:
+    """The router's probabilities, softmax over the experts in float64: (n_tokens, n_experts)."""
+    return torch.softmax(x.reshape(-1, x.shape[-1]).double() @ router_w.double().T, dim=-1)
+
+
+def _balance(probs: torch.Tensor, k: int, mean_dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """aux_loss from the router's probabilities (n_tokens, n_experts): E * sum_e f_e * P_e, f_e from their top k."""
+    N, E = probs.shape
+    f = torch.bincount(probs.topk(k, dim=-1).indices.reshape(-1), minlength=E).float() / (N * k)
+    return E * (f * probs.to(mean_dtype).mean(0)).sum()
 
 
 def _moe_module(MoE, width, d_ff, E, k, cf, d) -> tuple[Any, torch.Tensor, list[tuple]]:
     """A student's MoE with its router and experts checked and filled from ``d``: (module, router weight, the
     experts' (w1, b1, w2, b2))."""
     module = call(MoE, width, d_ff, E, k, capacity_factor=cf, name="MoE(...)")
-    router = getattr(module, "router", None)
-    expect(isinstance(router, nn.Linear) and tuple(router.weight.shape) == (E, width) and router.bias is None,
-           "MoE needs `router`, an nn.Linear(d_model, n_experts, bias=False).",
-           "the router scores each token for each expert: nn.Linear(d_model, n_experts, bias=False).")
+    router_w = _linear(module, "router", width, E, False, "MoE", d, 1.5)[0]
     experts = getattr(module, "experts", None)
     expect(isinstance(experts, nn.ModuleList) and len(experts) == E,
            f"MoE needs `experts`, an nn.ModuleList of {E} FeedForward(d_model, d_ff).",
            "self.experts = nn.ModuleList([FeedForward(d_model, d_ff) for _ in range(n_experts)]).")
-    router_w = d.randn(E, width) * 1.5 / math.sqrt(width)
-    with torch.no_grad():
-        router.weight.copy_(router_w)
-    weights = [(*_fill(_check_linear(ex, "fc1", width, d_ff, True, "FeedForward"), d, 2.0),
-                *_fill(_check_linear(ex, "fc2", d_ff, width, True, "FeedForward"), d)) for ex in experts]
-    return module, router_w, weights
+    return module, router_w, [_ffn_weights(expert, width, d_ff, d) for expert in experts]
 
 
 def _moe_outputs(result: Any, B: int, T: int, width: int, k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -849,15 +849,14 @@ def _moe_outputs(result: Any, B: int, T: int, width: int, k: int) -> tuple[torch
     expect(isinstance(result, tuple) and len(result) == 3, "MoE.forward should return (y, aux_loss, kept).",
            "return the output, the load-balancing loss and the bool mask of kept choices as a tuple.")
     y, aux, kept = result
-    y = expect_tensor(y, (B, T, width), "MoE output y")
+    expect_tensor(y, (B, T, width), "MoE output y")
     expect(isinstance(aux, torch.Tensor) and aux.dim() == 0, "aux_loss should be a scalar tensor.",
            "return the loss as a 0-dim tensor (it is added to the training loss and back-propagated).")
     expect(bool(aux.requires_grad), "aux_loss carries no gradient.",
            "compute P_e from the router's softmax probabilities without detaching them: the loss trains the "
            "router to spread its choices.")
-    kept = expect_tensor(kept, (B, T, k), "MoE kept mask")
-    expect(kept.dtype == torch.bool, f"kept should be a bool tensor, got {kept.dtype}.",
-           "kept[b, t, r] is True when choice r of token (b, t) was processed by its expert.")
+    expect_tensor_of(kept, (B, T, k), torch.bool, "MoE kept mask",
+                     "kept[b, t, r] is True when choice r of token (b, t) was processed by its expert.")
     return y, aux, kept
 
 
@@ -865,36 +864,36 @@ def _moe_compare(y, aux, kept, x, router_w, weights, k: int, cf: float, label: s
     """The kept choices, the output and aux_loss against the slow loop's, each with its usual slips."""
     E, N = router_w.shape[0], x.shape[0] * x.shape[1]
     want_y, want_aux, want_kept = moe_reference(x, router_w, weights, k, cf)
-    wrong = functools.partial(moe_reference, x, router_w, weights, k, cf)
-    over_tokens = ("the routing is top-k of the softmax over the experts (the last dimension), one distribution per "
-                   "token: softmax(router(x), dim=-1).")
+
+    def wrong(i: int, **slip) -> Callable:    # output i of the slow loop with a slip, in float32
+        return lambda: moe_reference(x, router_w, weights, k, cf, **slip)[i].float()
+
     shape = f"(d_model={x.shape[-1]}, n_experts={E}, k={k}, capacity_factor={cf})"
     compare(kept, want_kept, f"{label}: the choices kept differ from a slow per-token loop's {shape}: "
             f"{int(kept.sum())} kept, expected {int(want_kept.sum())}",
             "an expert accepts assignments while it holds fewer than capacity of them, in the priority order: rank 0 "
             "(first choices) in token order, then rank 1, ...", variants=[
                 (when(lambda got: bool(got.all()) and not bool(want_kept.all())), _NEVER_ENFORCED),
-                (lambda: wrong(capacity=math.floor(cf * N * k / E))[2],
+                (wrong(2, capacity=math.floor(cf * N * k / E)),
                  "the capacity was rounded down: capacity = math.ceil(capacity_factor * n_tokens * k / n_experts)."),
-                (lambda: wrong(capacity=math.ceil(cf * N / E))[2] if k > 1
-                 else None, "the capacity counts all n_tokens * k choices: capacity = ceil(capacity_factor * "
-                            "n_tokens * k / n_experts); without the factor k it is too small."),
-                (lambda: wrong(token_major=True)[2] if k > 1 else None,
-                 "assignments were taken token by token (both choices of token 0, then token 1, ...): give priority "
-                 "to all first choices, then all second choices, each in token order."),
-                (lambda: wrong(over_tokens=True)[2], over_tokens)])
+                (wrong(2, capacity=math.ceil(cf * N / E)) if k > 1 else None, "the capacity counts all n_tokens * k "
+                 "choices: capacity = ceil(capacity_factor * n_tokens * k / n_experts); without the factor k it is "
+                 "too small."),
+                (wrong(2, token_major=True) if k > 1 else None, "assignments were taken token by token (both choices "
+                 "of token 0, then token 1, ...): give priority to all first choices, then all second choices, each "
+                 "in token order."),
+                (wrong(2, over_tokens=True), _OVER_TOKENS)])
     compare(y, want_y.float(), f"{label}: MoE output {shape}, against a slow per-token loop",
             "y[token] = sum over its kept choices of gate * expert(x[token]), with gate = the chosen probability "
             "divided by the sum of the k chosen probabilities.", variants=[
                 (lambda: (want_y + x.double() * ~want_kept.any(-1, keepdim=True)).float(),
                  "a token whose choices were all dropped should get zero from the layer (the block's residual "
                  "carries it), not its own input: returning x adds it twice."),
-                (lambda: wrong(over_tokens=True)[0].float(), over_tokens),
-                (lambda: wrong(gates="raw")[0].float() if k > 1 else None,
-                 "the gates were not renormalised: divide the k chosen probabilities by their sum, so that they add "
-                 "up to one."),
-                (lambda: wrong(gates="mean")[0].float(),
-                 "the expert outputs were averaged: weight each one by its gate (the renormalised probability).")])
+                (wrong(0, over_tokens=True), _OVER_TOKENS),
+                (wrong(0, gates="raw") if k > 1 else None, "the gates were not renormalised: divide the k chosen "
+                 "probabilities by their sum, so that they add up to one."),
+                (wrong(0, gates="mean"), "the expert outputs were averaged: weight each one by its gate (the "
+                 "renormalised probability).")])
     fraction = "f_e is a fraction: divide the number of assignments to expert e by n_tokens * k."
     compare(aux, want_aux.float(), f"{label}: aux_loss {shape} (the output and the kept choices are right)",
             "aux_loss = n_experts * sum_e f_e * P_e, with f_e the fraction of the n_tokens * k choices that went to e "
@@ -902,12 +901,11 @@ def _moe_compare(y, aux, kept, x, router_w, weights, k: int, cf: float, label: s
                 ((want_aux / E).float(), "the balancing loss is missing its factor n_experts: E * sum_e f_e * P_e "
                                          "equals 1 when the load is uniform."),
                 ((want_aux * N * k).float(), fraction), ((want_aux * N).float(), fraction),
-                (lambda: (E * (_routing(x, router_w, k)[0].mean(0) ** 2).sum()).float(),
+                (lambda: (E * (_router_probs(x, router_w).mean(0) ** 2).sum()).float(),
                  "f_e must count the routing decisions (the fraction of top-k choices that went to expert e), not "
                  "the mean probability: the loss is E * sum_e f_e * P_e."),
-                (lambda: wrong(f_kept=True)[1].float(),
-                 "f_e counts every routing choice, before the capacity drops some: compute it from the top-k "
-                 "indices, not from the kept assignments.")])
+                (wrong(1, f_kept=True), "f_e counts every routing choice, before the capacity drops some: compute it "
+                 "from the top-k indices, not from the kept assignments.")])
 
 
 def _moe_router_gradient(module: Any, aux: torch.Tensor, x: torch.Tensor, router_w: torch.Tensor, k: int) -> None:
@@ -916,10 +914,7 @@ def _moe_router_gradient(module: Any, aux: torch.Tensor, x: torch.Tensor, router
     aux.backward()
     grad = module.router.weight.grad
     rw = router_w.clone().requires_grad_(True)
-    probs = torch.softmax(x.reshape(-1, x.shape[-1]) @ rw.T, dim=-1)
-    E = rw.shape[0]
-    f = torch.bincount(probs.topk(k, dim=-1).indices.reshape(-1), minlength=E).float() / probs.shape[0] / k
-    (E * (f * probs.mean(0)).sum()).backward()
+    _balance(torch.softmax(x.reshape(-1, x.shape[-1]) @ rw.T, dim=-1), k).backward()
     hint = ("compute P_e from the router's softmax probabilities without detaching them, and f_e from the top-k "
             "indices (it has no gradient): the loss trains the router through P_e.")
     expect(grad is not None, "aux_loss gives the router's weight no gradient.", hint)
@@ -945,15 +940,15 @@ def check_moe(MoE, FeedForward=None, gelu=None, hidden: bool = False) -> None:
         for i, (width, d_ff, E, k, cf, B, T, x_scale) in enumerate(cases):
             module, router_w, weights = _moe_module(MoE, width, d_ff, E, k, cf, d)
             x = d.randn(B, T, width) * x_scale
-            y, aux, kept = _moe_outputs(_unchanged_call(module, x, name="MoE.forward"), B, T, width, k)
+            y, aux, kept = _moe_outputs(_run(module, x, "MoE.forward"), B, T, width, k)
             # Property: no expert processes more choices than its capacity.
             cap = math.ceil(cf * B * T * k / E)
-            load = torch.bincount(_routing(x, router_w, k)[1].indices.view(kept.shape)[kept], minlength=E)
+            chosen = _router_probs(x, router_w).topk(k, dim=-1).indices.view(kept.shape)
+            load = torch.bincount(chosen[kept], minlength=E)
             expect(int(load.max()) <= cap, f"case {i}: an expert processed {int(load.max())} choices, more than its "
                    f"capacity {cap} (counting the kept choices by the expert that top-k over softmax(router(x)) along "
                    "the experts gives them).", _NEVER_ENFORCED if bool(kept.all()) else "an expert's count runs over "
-                   "the whole batch, all n_tokens * k choices routed to it, and the routing is top-k of the softmax "
-                   "over the experts (the last dimension), one distribution per token.")
+                   "the whole batch, all n_tokens * k choices routed to it, and " + _OVER_TOKENS)
             _moe_compare(y, aux.detach(), kept, x, router_w, weights, k, cf, f"case {i}")
             if i == 0:
                 _moe_router_gradient(module, aux, x, router_w, k)
@@ -965,15 +960,15 @@ def _moe_one_expert(MoE, d) -> None:
     """One expert, k = 1: the mixture is the FFN (every token kept, gate 1)."""
     width = 6 if not d.hidden else d.rng.randrange(2, 12)
     module = call(MoE, width, 3 * width, 1, 1, capacity_factor=1.0, name="MoE(...)")
-    w1, b1 = _fill(module.experts[0].fc1, d, 2.0)
-    w2, b2 = _fill(module.experts[0].fc2, d)
+    weights = _ffn_weights(module.experts[0], width, 3 * width, d)
     x = d.randn(2, 3, width)
-    y, aux, kept = _moe_outputs(_unchanged_call(module, x, name="MoE.forward"), 2, 3, width, 1)
+    y, aux, kept = _moe_outputs(_run(module, x, "MoE.forward"), 2, 3, width, 1)
     hint = "with a single expert every token is kept with gate 1: check the capacity and the gate normalisation."
-    compare(y, _ffn_ref(x, w1, b1, w2, b2), "with one expert and k = 1, the MoE output (that expert's FFN)", hint)
+    compare(y, _ffn_ref(x, *weights), "with one expert and k = 1, the MoE output (that expert's FFN)", hint)
     expect(bool(kept.all()), "with one expert and k = 1 the MoE should keep every token.", hint)
     compare(aux.detach(), torch.tensor(1.0), "with one expert aux_loss",
             "aux_loss = n_experts * sum_e f_e * P_e, which is 1 when the load is uniform.")
+
 
 def _moe_router_in_float32(MoE, d) -> None:
     """A bfloat16 MoE: the spec takes the router's softmax in float32, so aux_loss (from those probabilities) is
@@ -981,20 +976,14 @@ def _moe_router_in_float32(MoE, d) -> None:
     bfloat16 moves aux_loss by at least 5e-4 (50 times the tolerance): rounding errors can cancel in the mean."""
     width, E, k, N = 8, 4, 2, 10
     module, router_w, _ = _moe_module(MoE, width, 16, E, k, 2.0, d)
-
-    def balance(p: torch.Tensor, mean_dtype: torch.dtype = torch.float32) -> torch.Tensor:   # p: (N, E)
-        f = torch.bincount(p.topk(k, dim=-1).indices.reshape(-1), minlength=E).float() / (N * k)
-        return E * (f * p.to(mean_dtype).mean(0)).sum()
-
     for _ in range(50):
         x = d.randn(2, N // 2, width).to(torch.bfloat16)
         logits = F.linear(x.reshape(-1, width), router_w.to(torch.bfloat16))          # (N, E), as nn.Linear
-        want = balance(torch.softmax(logits.float(), dim=-1))
-        in_bf16 = [balance(torch.softmax(logits, dim=-1), m) for m in (torch.float32, torch.bfloat16)]
+        want = _balance(torch.softmax(logits.float(), dim=-1), k)
+        in_bf16 = [_balance(torch.softmax(logits, dim=-1), k, m) for m in (torch.float32, torch.bfloat16)]
         if all(abs(float(want - wrong)) > 5e-4 for wrong in in_bf16):
             break
-    module = module.to(torch.bfloat16)
-    _, aux, _ = _moe_outputs(_unchanged_call(module, x, name="MoE.forward"), 2, N // 2, width, k)
+    _, aux, _ = _moe_outputs(_run(module.to(torch.bfloat16), x, "MoE.forward"), 2, N // 2, width, k)
     hint = ("the router's softmax ran in bfloat16: the spec computes probs = softmax(router(x)) in float32 (convert "
             "the logits with .float() before the softmax), so that the gates and aux_loss keep float32's precision.")
     expect(aux.dtype == torch.float32, f"for a bfloat16 MoE, aux_loss is {aux.dtype}, expected float32.", hint)

@@ -699,16 +699,11 @@ def check_grouped_query_attention(grouped_query_attention, scaled_dot_product_at
 # ----------------------------------------------------------------------------- exercise 6
 
 ENTROPY_CASE = (1024, 511)          # (seq_len, position): the case the notebook measures
-_ROUNDED_HINT = ("a rounded decimal (or a value read off a measurement) is not the prediction: return the arithmetic "
-                 "that gives it, as a Python expression (math.log(...) and the like), exact to float precision.")
 
 
 def entropy_answer(seq_len: int, position: int) -> float:
     """The limit, temperature -> infinity, of the entropy of the causal query at ``position``: ln(position + 1)."""
     return math.log(position + 1)
-
-
-ENTROPY_ANSWER = entropy_answer(*ENTROPY_CASE)
 
 
 def _entropy_oracle(scores, mask=None, temperature=1.0, base=math.e, ignore_mask=False, multiply=False):
@@ -723,11 +718,7 @@ def _entropy_oracle(scores, mask=None, temperature=1.0, base=math.e, ignore_mask
 
 def entropy_prediction_passes(predicted_entropy) -> bool:
     """For the exercise's demo, which shows the measurement only once the prediction passes its visible test."""
-    try:
-        _check_entropy_prediction(predicted_entropy)
-    except CheckFailed:
-        return False
-    return True
+    return passes(_check_entropy_prediction, predicted_entropy)
 
 
 def _entropy_judge(config: tuple[int, int], value) -> None:
@@ -749,24 +740,23 @@ def _entropy_judge(config: tuple[int, int], value) -> None:
                      unit_hint="return your prediction as a number of nats.",
                      asked=f"the entropy asked for (causal query at position {position} of {seq_len} tokens, "
                            "temperature -> infinity)",
-                     exact=1e-9, close=0.01, close_hint=_ROUNDED_HINT,
+                     exact=1e-9, close=0.01, close_hint="a rounded decimal (or a value read off a measurement) is "
+                     "not the prediction: return the arithmetic that gives it, as a Python expression (math.log(...) "
+                     "and the like), exact to float precision.",
                      guesses=[(v, h) for v, h in guesses if v is not None], near=0.01,
                      fallback="scores / temperature all go to 0 as the temperature grows, so the weights become "
                               "uniform over the keys the query may see; the entropy of a uniform distribution over n "
                               "outcomes is ln(n) nats.")
 
 
-def _entropy_configs(hidden: bool) -> list[tuple[int, int]]:
-    """(seq_len, position): the notebook's case and one more; hidden, drawn ones that no cell measures."""
+def _check_entropy_prediction(predicted_entropy, hidden: bool = False) -> None:
+    """On (seq_len, position): the notebook's case and one more; hidden, drawn ones that no cell measures."""
     def drawn(d) -> tuple[int, int]:
         seq_len = d.rng.choice([d.rng.randrange(2, 64), d.rng.randrange(64, 200_000)])
         return seq_len, d.rng.choice([seq_len - 1, d.rng.randrange(0, seq_len)])
-    return draw("predicted_entropy", hidden).cases([ENTROPY_CASE, (10, 6)], drawn, 4)
-
-
-def _check_entropy_prediction(predicted_entropy, hidden: bool = False) -> None:
-    judge_configured("predicted_entropy", predicted_entropy, _entropy_configs(hidden), entropy_answer,
-                     _entropy_judge, shown=lambda c: f"seq_len={c[0]}, position={c[1]}")
+    configs = draw("predicted_entropy", hidden).cases([ENTROPY_CASE, (10, 6)], drawn, 4)
+    judge_configured("predicted_entropy", predicted_entropy, configs, entropy_answer, _entropy_judge,
+                     shown=lambda c: f"seq_len={c[0]}, position={c[1]}")
 
 
 def _entropy_variants(scores, mask, temperature, want: torch.Tensor) -> list:
@@ -800,25 +790,26 @@ def _entropy_variants(scores, mask, temperature, want: torch.Tensor) -> list:
     ]
 
 
+def _drawn_entropy_case(d) -> tuple:
+    shape = (*(d.rng.randrange(1, 4) for _ in range(d.rng.randrange(0, 3))), d.rng.randrange(1, 6),
+             d.rng.randrange(1, 12))
+    dtype = d.rng.choice([torch.float32, torch.float64])
+    mask = (d.uniform(0, 1, *shape[-2:]) > 0.4) if d.rng.random() < 0.6 else None
+    temperature = 10 ** d.rng.uniform(-2, 2)
+    return ((d.randn(*shape) * 3).to(dtype), mask, temperature, f"{str(dtype)[6:]} scores {shape}, "
+            f"{'a mask, ' if mask is not None else ''}temperature {temperature:.3g}")
+
+
 @_one_thread
 def check_attention_entropy(predicted_entropy, attention_entropy, hidden: bool = False) -> None:
     _check_entropy_prediction(predicted_entropy, hidden)
     d = draw("attention_entropy", hidden)
     # (scores, mask, temperature, what): masks with an empty row, tiny and large temperatures, float64.
-    def drawn(d):
-        shape = (*(d.rng.randrange(1, 4) for _ in range(d.rng.randrange(0, 3))), d.rng.randrange(1, 6),
-                 d.rng.randrange(1, 12))
-        dtype = d.rng.choice([torch.float32, torch.float64])
-        mask = (d.uniform(0, 1, *shape[-2:]) > 0.4) if d.rng.random() < 0.6 else None
-        temperature = 10 ** d.rng.uniform(-2, 2)
-        return ((d.randn(*shape) * 3).to(dtype), mask, temperature, f"{str(dtype)[6:]} scores {shape}, "
-                f"{'a mask, ' if mask is not None else ''}temperature {temperature:.3g}")
-
     causal, blind = torch.ones(6, 6, dtype=torch.bool).tril(), d.uniform(0, 1, 3, 5) > 0.3
     blind[1], blind[0, 0] = False, True
     extra = [(d.randn(4, 7, dtype=torch.float64) * 5, None, 3.0, "float64 scores (4, 7)"),
-              (d.randn(2, 2, 6, 6, dtype=torch.float64), causal, 1e-4, "float64 scores (2, 2, 6, 6), causal mask, "
-               "temperature 1e-4"), (d.randn(1, 8) + 500.0, None, 1.0, "scores around 500")] if d.hidden else []
+             (d.randn(2, 2, 6, 6, dtype=torch.float64), causal, 1e-4, "float64 scores (2, 2, 6, 6), causal mask, "
+              "temperature 1e-4"), (d.randn(1, 8) + 500.0, None, 1.0, "scores around 500")] if d.hidden else []
     cases = d.cases([
         (torch.zeros(1, 4), None, 1.0, "equal scores over 4 keys"),
         (d.randn(2, 3, 5) * 2, None, 1.0, "random scores (2, 3, 5), temperature 1"),
@@ -826,14 +817,13 @@ def check_attention_entropy(predicted_entropy, attention_entropy, hidden: bool =
         (d.randn(2, 4) * 10, None, 1e-3, "distinct scores at temperature 1e-3 (every weight but one underflows to 0)"),
         (d.randn(3, 5), blind, 2.0, "a (3, 5) mask whose second row is all False, temperature 2"),
         (d.randn(2, 6, dtype=torch.float64) * 4, causal[-2:], 0.7,
-         "float64 scores (2, 6) with the last two rows of a causal mask, temperature 0.7")] + extra, drawn, 3)
+         "float64 scores (2, 6) with the last two rows of a causal mask, temperature 0.7")] + extra,
+        _drawn_entropy_case, 3)
     for scores, mask, temperature, what in cases:
-        label, (given, given_mask) = f"attention_entropy of {what}", _copies(scores, mask)
-        got = call(attention_entropy, given, given_mask, temperature, name="attention_entropy")
-        expect(torch.equal(given, scores), f"{label} changed the scores in place.", "build new tensors.")
-        expect_tensor(got, tuple(scores.shape[:-1]), label)
-        expect(got.dtype == scores.dtype, f"{label} returned {got.dtype}, expected {scores.dtype}.",
-               "compute in the dtype of the scores.")
+        label = f"attention_entropy of {what}"
+        got = call_on_copies(attention_entropy, scores, mask, temperature, name="attention_entropy",
+                             hint="build new tensors.")
+        expect_tensor_of(got, scores.shape[:-1], scores.dtype, label, "compute in the dtype of the scores.")
         want = _entropy_oracle(scores, mask, temperature).to(scores.dtype)
         compare(got, want, label, "H = -sum_j p_j ln p_j over the keys (the last axis), p = softmax(scores / "
                 "temperature) with masked keys at weight 0; 0 ln 0 counts as 0.",

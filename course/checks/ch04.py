@@ -1000,63 +1000,53 @@ def _moe_router_in_float32(MoE, d) -> None:
 SHARE_CASE = (128256, 4096, 32, 32, 8, 14336)
 
 
+def _gated_count(config: tuple, **slip: Any) -> int:
+    """The parameters of a gated decoder without biases, with RMSNorm and untied embeddings (``slip``: another)."""
+    model = dict(zip(("V", "d", "L", "H", "H_kv", "h"), config), gated=True, bias=False, norm="rms", tied=False)
+    return _count_oracle(**{**model, **slip})
+
+
 def ffn_share_answer(V: int, d: int, L: int, H: int, H_kv: int, h: int) -> float:
     """The FFNs' share of all the parameters of a gated decoder without biases, RMSNorm, untied embeddings."""
-    return L * 3 * d * h / _count_oracle(V, d, L, H, H_kv, h, gated=True, bias=False, norm="rms", tied=False)
-
-
-FFN_SHARE_ANSWER = ffn_share_answer(*SHARE_CASE)
+    return L * 3 * d * h / _gated_count((V, d, L, H, H_kv, h))
 
 
 def ffn_share_prediction_passes(predicted_ffn_share) -> bool:
     """For the exercise's demo, which shows the measurement only once the prediction passes its visible test."""
-    try:
-        _check_ffn_share_prediction(predicted_ffn_share)
-    except CheckFailed:
-        return False
-    return True
+    return passes(_check_ffn_share_prediction, predicted_ffn_share)
 
 
 def _share_judge(config: tuple, value: Any) -> None:
     V, d, L, H, H_kv, h = config
-    q, kv, ffn, want = H * (d // H), H_kv * (d // H), L * 3 * d * h, ffn_share_answer(*config)
-    blocks = L * (2 * d * q + 2 * d * kv + 3 * d * h + 2 * d)
+    ffn, total = L * 3 * d * h, _gated_count(config)
     guesses = [
-        (ffn / blocks, "that is the share of the blocks' parameters only: the question asks for all of them, with "
-                       "the embedding and the output layer (two vocab_size x d_model matrices) in the total."),
-        (ffn / (blocks + V * d + d), "the embeddings are untied: the output layer is a second vocab_size x d_model "
-                                     "matrix."),
-        (ffn / (2 * V * d + blocks + 2 * L * d * (q - kv) + d) if kv != q else None,
-         f"w_k and w_v were counted at full width: with {H_kv} key/value heads of {d // H} features they map "
-         f"{d} to {kv}."),
-        (L * 2 * d * h / (2 * V * d + blocks - L * d * h + d), "SwiGLU has three matrices per layer (gate, up, "
-                                                               "down), not two."),
-        (100 * want, "return a fraction between 0 and 1, not a percentage."),
-    ]
+        (ffn / (total - 2 * V * d - d), "that is the share of the blocks' parameters only: the question asks for all "
+         "of them, with the embedding and the output layer (two vocab_size x d_model matrices) in the total."),
+        (ffn / _gated_count(config, tied=True), "the embeddings are untied: the output layer is a second vocab_size x "
+                                                "d_model matrix."),
+        (ffn / _gated_count(config, H_kv=H), f"w_k and w_v were counted at full width: with {H_kv} key/value heads "
+         f"of {d // H} features they map {d} to {H_kv * (d // H)}."),
+        (L * 2 * d * h / _gated_count(config, gated=False), "SwiGLU has three matrices per layer (gate, up, down), "
+                                                            "not two."),
+        (100 * ffn / total, "return a fraction between 0 and 1, not a percentage.")]
     judge_prediction(
-        "predicted_ffn_share", value, want, unit_hint="return your prediction as a fraction between 0 and 1.",
+        "predicted_ffn_share", value, ffn / total, unit_hint="return your prediction as a fraction between 0 and 1.",
         asked="the FFNs' share of the parameters of this configuration", exact=1e-9, close=2e-3,
         close_hint="a rounded decimal (or a value read off a measurement) is not the prediction: return the arithmetic "
                    "that gives it, from the configuration's numbers, exact to float precision.",
-        guesses=[(v, hint) for v, hint in guesses if v is not None], near=1e-6, shown=".6g",
+        guesses=guesses, near=1e-6, shown=".6g",
         fallback="per layer the FFN holds 3 * d_model * d_hidden weights; the total adds attention (w_q and w_o of "
                  "d_model x n_heads * d_head, w_k and w_v of d_model x n_kv_heads * d_head), two norms per layer, the "
                  "final norm, the embedding and the output layer.")
 
 
-def _share_configs(hidden: bool) -> list[tuple]:
-    """Llama 3 8B and Llama 2 7B (MHA, a smaller vocabulary); hidden, configurations drawn at grading time."""
-    def drawn(d) -> tuple:
-        H = d.rng.choice([1, 2, 4, 8, 12, 16, 32, 64])
-        return (d.rng.randrange(2, 200_000), H * d.rng.choice([8, 16, 64, 128]), d.rng.randrange(1, 100), H,
-                d.rng.choice([k for k in (1, 2, 4, 8, H) if H % k == 0]), d.rng.randrange(1, 30_000))
-    return draw("predicted_ffn_share", hidden).cases([SHARE_CASE, (32000, 4096, 32, 32, 32, 11008)], drawn, 4)
-
-
 def _check_ffn_share_prediction(predicted_ffn_share, hidden: bool = False) -> None:
-    judge_configured("predicted_ffn_share", predicted_ffn_share, _share_configs(hidden), ffn_share_answer,
-                     _share_judge, shown=lambda c: "vocab_size={}, d_model={}, n_layers={}, n_heads={}, "
-                                                   "n_kv_heads={}, d_hidden={}".format(*c))
+    """Llama 3 8B and Llama 2 7B (MHA, a smaller vocabulary); hidden, configurations drawn at grading time."""
+    configs = draw("predicted_ffn_share", hidden).cases([SHARE_CASE, (32000, 4096, 32, 32, 32, 11008)],
+                                                        lambda d: _drawn_config(d.rng), 4)
+    judge_configured("predicted_ffn_share", predicted_ffn_share, configs, ffn_share_answer, _share_judge,
+                     shown=lambda c: "vocab_size={}, d_model={}, n_layers={}, n_heads={}, n_kv_heads={}, "
+                                     "d_hidden={}".format(*c))
 
 
 class _Part(nn.Module):

@@ -22,7 +22,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ._core import CheckFailed, call, earlier_answers, earlier_first, expect_tensor, forbid, judge_prediction
+from ._core import call, earlier_answers, earlier_first, expect_tensor, forbid, judge_prediction
 from ._core import meta_table, one_thread as _one_thread
 from ._vocabulary import call_on_copies, compare, draw, expect, expect_tensor_of, fail, judge_configured, matches
 from ._vocabulary import passes, when
@@ -55,10 +55,6 @@ def _run(fn: Callable, x: torch.Tensor, name: str, dtype_hint: str | None = None
     if dtype_hint is not None:
         expect_tensor_of(out, x.shape, x.dtype, name, dtype_hint)
     return out
-
-
-def _unchanged_call(fn: Callable, x: torch.Tensor, name: str) -> Any:
-    return _run(fn, x, name)
 
 
 def _precision(x: torch.Tensor) -> torch.dtype:
@@ -114,32 +110,6 @@ def _shown(name: str, *args: Any, **kwargs: Any) -> str:
     """A call as it reads: ``name(1, 2, k=v)``."""
     return f"{name}({', '.join([*map(str, args), *(f'{k}={v!r}' for k, v in kwargs.items())])})"
 
-
-def _fill(layer: Any, d, scale: float = 1.0) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Copy weights (and bias) drawn from ``d`` into a student's nn.Linear; return them."""
-    w = d.randn(*layer.weight.shape) * scale / math.sqrt(layer.weight.shape[1])
-    b = d.randn(*layer.bias.shape) * 0.5 if layer.bias is not None else None
-    with torch.no_grad():
-        layer.weight.copy_(w)
-        if b is not None:
-            layer.bias.copy_(b)
-    return w, b
-
-
-def _check_linear(module: Any, attr: str, d_in: int, d_out: int, bias: bool, cls: str) -> Any:
-    layer = getattr(module, attr, None)
-    expect(isinstance(layer, nn.Linear), f"{cls} needs an nn.Linear attribute `{attr}`.",
-           f"create self.{attr} = nn.Linear(...) in __init__ with exactly this name: the tests copy weights into it.")
-    shape = tuple(layer.weight.shape)
-    if shape != (d_out, d_in):
-        hint = f"{attr} maps {d_in} features to {d_out}: nn.Linear({d_in}, {d_out})."
-        if cls == "FeedForward" and attr == "fc1" and shape == (d_in, d_in):
-            hint = "d_ff defaults to 4 * d_model (the hidden layer expands, then projects back), not d_model."
-        fail(f"{cls}.{attr}.weight has shape {shape}, expected {(d_out, d_in)}.", hint)
-    expect((layer.bias is not None) == bias, f"{cls}.{attr} should {'have' if bias else 'not have'} a bias.",
-           "nn.Linear(..., bias=True) for the FFN of this chapter's FeedForward; the gated (SwiGLU) layers use "
-           "bias=False, as in Llama." if cls == "FeedForward" else "the SwiGLU projections have no bias: bias=False.")
-    return layer
 
 # ----------------------------------------------------------------------------- exercise 1
 

@@ -22,10 +22,10 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from . import _core
-from ._core import CheckFailed, call, earlier_first, expect_tensor, one_thread as _one_thread
-from ._core import unmeasured
-from ._vocabulary import compare, diagnose, draw, expect, fail, matches, when
+from . import _core, ch03
+from ._core import CheckFailed, call, earlier_answers, earlier_first, expect_tensor, one_thread as _one_thread
+from ._core import own_fault, unmeasured
+from ._vocabulary import call_on_copies, compare, diagnose, draw, expect, fail, matches, when
 
 # A float32 answer against a float64 oracle: the rounding of a few float32 matmuls and a softmax.
 _F32 = (1e-4, 1e-4)
@@ -1354,3 +1354,486 @@ def _check_expected_tokens(expected_tokens_per_step, d) -> None:
                 "E = 1 + a + a^2 + ... + a^k = (1 - a^(k+1)) / (1 - a), and k + 1 when a == 1.",
                 variants=[((1 - a ** k) / (1 - a) if a != 1.0 else None, "count the extra token the target model "
                            "gives in every call: the sum runs to a^k, so the numerator is 1 - a^(k+1).")])
+
+# ----------------------------------------------------------------------------- exercise 9: a paged KV cache
+# Oracles: the contiguous cache (one (L, n_kv_heads, d_head) tensor of keys and one of values per sequence,
+# extended by concatenation, copied whole by a fork); a bookkeeping of abstract blocks (which blocks each sequence
+# holds, how many tables hold each block) that says how many blocks a correct cache uses and which of them are
+# shared, run again with each bug to name it; and attention over each sequence's contiguous keys, row by row in
+# float64, for the paged attention.
+
+_SDPA_BUILTINS = ((F, "scaled_dot_product_attention"), (F, "multi_head_attention_forward"))   # the oracle's
+_ATTENTION_TOOLS = {  # name -> (exercise of chapter 3, its chapter's check on the tools)
+    "scaled_dot_product_attention": (2, lambda t, h: ch03.check_scaled_dot_product_attention(
+        t["scaled_dot_product_attention"], hidden=h)),
+    "grouped_query_attention": (5, lambda t, h: ch03.check_grouped_query_attention(
+        t["grouped_query_attention"], t["scaled_dot_product_attention"], hidden=h)),
+}
+
+
+def _check_attention_tool(name: str, tools: dict, hidden: bool) -> None:
+    exercise, run = _ATTENTION_TOOLS[name]
+    try:
+        run(tools, hidden)
+    except CheckFailed as err:
+        fail(f"{name} (chapter 3, exercise {exercise}) fails its chapter's test: {err.what}",
+             f"in {name}: {err.hint}")
+
+
+def check_attention_tools(scaled_dot_product_attention, grouped_query_attention, hidden: bool = False) -> None:
+    """Chapter 3's own checks (exercises 2 and 5) on the attention brought into this notebook."""
+    tools = {"scaled_dot_product_attention": scaled_dot_product_attention,
+             "grouped_query_attention": grouped_query_attention}
+    for name in tools:
+        _check_attention_tool(name, tools, hidden)
+
+
+class _Blocks:
+    """The bookkeeping of a paged cache with abstract block ids: the blocks each sequence holds, in order, and how
+    many tables hold each block. ``variant`` makes one of the bugs the hints name (see :data:`_BOOKKEEPING_BUGS`)."""
+
+    def __init__(self, block_size: int, variant: str = "ok") -> None:
+        self.size, self.variant = block_size, variant
+        self.tables: dict[int, list[int]] = {}
+        self.lengths: dict[int, int] = {}
+        self.counts: dict[int, int] = {}
+
+    def _new(self) -> int:
+        self.counts[len(self.counts)] = 1
+        return len(self.counts) - 1
+
+    def append(self, s: int, n: int) -> None:
+        table, start = self.tables.setdefault(s, []), self.lengths.get(s, 0)
+        if start % self.size and self.counts[table[-1]] > 1 and self.variant != "no_cow":   # copy-on-write
+            self.counts[table[-1]] -= self.variant != "cow_keeps_count"
+            table[-1] = self._new()
+        if self.variant == "block_per_append":
+            table += [self._new() for _ in range(-(-n // self.size))]
+        while len(table) * self.size < start + n + (self.variant == "alloc_at_boundary"):
+            table.append(self._new())
+        self.lengths[s] = start + n
+
+    def fork(self, parent: int, child: int) -> None:
+        if self.variant == "fork_copies":
+            self.tables[child] = [self._new() for _ in self.tables[parent]]
+        else:
+            self.tables[child] = list(self.tables[parent])
+            for block in self.tables[child]:
+                self.counts[block] += 1
+        self.lengths[child] = self.lengths[parent]
+
+    def free(self, s: int) -> None:
+        for block in self.tables.pop(s):
+            self.counts[block] = 0 if self.variant == "free_ignores_count" else self.counts[block] - 1
+        del self.lengths[s]
+
+    def run(self, op: tuple) -> None:
+        getattr(self, op[0])(*op[1:])
+
+    def seen(self, num_blocks: int) -> tuple:
+        """What the check reads of a cache in this state: free blocks, and the length of each block table."""
+        used = sum(count > 0 for count in self.counts.values())
+        return num_blocks - used, tuple(sorted((s, len(t)) for s, t in self.tables.items()))
+
+
+_BOOKKEEPING_BUGS = [
+    ("block_per_append", "an append fills the free slots of the sequence's last block before it takes a new block: "
+     "a sequence of L tokens holds ceil(L / block_size) blocks, however its tokens arrived."),
+    ("alloc_at_boundary", "off by one in allocation: a sequence of L tokens holds ceil(L / block_size) blocks, so a "
+     "sequence that ends exactly at a block boundary has no empty block after it (take a block while "
+     "len(table) * block_size < L, not <=)."),
+    ("fork_copies", "fork shares the parent's blocks: the child's table lists the same block ids and each of those "
+     "blocks is now held once more; nothing is copied until one of them appends into a shared partial block."),
+    ("no_cow", "copy-on-write: before an append writes into a last block that another sequence also holds (its "
+     "count is above 1), give the appending sequence a copy of that block in a fresh one, and write there; "
+     "otherwise one sequence's new tokens overwrite the other's."),
+    ("cow_keeps_count", "a sequence that copies a shared block (copy-on-write) no longer holds the old one: "
+     "decrement the old block's count, or it is never freed (and its last holder copies it again)."),
+    ("free_ignores_count", "free gives a block back to the pool only when no other sequence holds it: decrement "
+     "its count and return it at 0. A block shared after a fork is still in use by the other sequence."),
+]
+_CACHE_STATE = ("num_free_blocks() counts the blocks no sequence holds; block_tables[s] lists ceil(lengths[s] / "
+                "block_size) blocks. Take a block only when a token has no free slot, share blocks on fork, copy a "
+                "shared block before writing into it, and give a block back when no table holds it any more.")
+_WHERE = ("token p of a sequence lives in block block_tables[s][p // block_size], at slot p % block_size of "
+          "k_pool and v_pool.")
+_NO_BLOCK = ("when no block is free, append raises RuntimeError (a server then waits, or preempts a sequence), "
+             "and only then: an append that fits in the free slots of the last block needs no new block.")
+
+
+def _op_text(op: tuple) -> str:
+    return {"append": lambda s, n: f"append({s}, {n} token{'s' * (n > 1)})", "fork": lambda p, c: f"fork({p}, {c})",
+            "free": lambda s: f"free({s})"}[op[0]](*op[1:])
+
+
+def _cache_script(d) -> tuple[int, list[tuple]]:
+    """A drawn workload: (block_size, operations). A prefix whose last block is partial is forked, both sides
+    append, a sequence is freed and its blocks reused; then random operations; then every sequence is freed."""
+    size = d.rng.choice([1, 2, 3, 4, 5, 8])
+    first = size * d.rng.randrange(0, 3) + d.rng.randrange(1, size + 1)
+    ops = [("append", 0, first), ("append", 1, d.rng.randrange(1, 2 * size + 2)), ("fork", 0, 2),
+           ("append", 2, d.rng.randrange(1, size + 2)), ("append", 0, d.rng.randrange(1, size + 2)), ("free", 1)]
+    live, fresh = [0, 2], 3
+    tokens = lambda: 1 if d.rng.random() < 0.6 else d.rng.randrange(1, 2 * size + 2)  # noqa: E731 - mostly decoding
+    for _ in range(d.rng.randrange(10, 18)):
+        kind = d.rng.choices(["append", "new", "fork", "free"], [5, 1, 2, 2])[0]
+        if kind == "free" and len(live) > 1:
+            ops.append(("free", live.pop(d.rng.randrange(len(live)))))
+        elif kind == "fork":
+            ops.append(("fork", d.rng.choice(live), fresh))
+            live, fresh = live + [fresh], fresh + 1
+        elif kind == "new":
+            ops.append(("append", fresh, d.rng.randrange(1, 3 * size)))
+            live, fresh = live + [fresh], fresh + 1
+        else:
+            ops.append(("append", d.rng.choice(live), tokens()))
+    return size, ops + [("free", s) for s in live]
+
+
+# bs 4: a fork while the last block is partial (7 tokens), appends on both sides, a free, blocks reused, a fork of
+# the fork, a free of a sequence whose blocks are shared, sequences that end on a block boundary.
+_VISIBLE_SCRIPT = [("append", 0, 6), ("append", 1, 3), ("append", 0, 1), ("fork", 0, 2), ("append", 2, 2),
+                   ("append", 0, 1), ("free", 1), ("append", 3, 5), ("fork", 2, 4), ("free", 2), ("append", 4, 3),
+                   ("append", 0, 4), ("free", 0), ("free", 3), ("free", 4)]
+
+
+def _cache_cases(d) -> list[tuple]:
+    """(num_blocks, block_size, n_kv_heads, d_head, dtype, operations): the pool holds what a correct cache needs
+    at its fullest, and a little more."""
+    def sized(size, ops, n_kv, d_head, dtype, slack):
+        peak, model = 0, _Blocks(size)
+        for op in ops:
+            model.run(op)
+            peak = max(peak, sum(c > 0 for c in model.counts.values()))
+        return peak + slack, size, n_kv, d_head, dtype, ops
+
+    def drawn(d):
+        return sized(*_cache_script(d), d.rng.randrange(1, 4), d.rng.choice([2, 4, 8]),
+                     d.rng.choice([torch.float32, torch.bfloat16, torch.float64]), d.rng.randrange(2, 5))
+
+    fixed = [sized(4, _VISIBLE_SCRIPT, 2, 4, torch.float32, 2)]
+    if d.hidden:       # three sequences on one partial block, in bfloat16
+        fixed = [sized(3, [("append", 0, 2), ("fork", 0, 1), ("fork", 0, 2), ("append", 1, 1), ("append", 2, 4),
+                               ("append", 0, 1), ("free", 0), ("append", 3, 7), ("free", 1), ("append", 2, 1),
+                               ("free", 2), ("free", 3)], 3, 2, torch.bfloat16, 2)]
+    return d.cases(fixed, drawn, 3)
+
+
+@_one_thread
+def check_paged_kv_cache(PagedKVCache, hidden: bool = False) -> None:
+    """The cache's state after every operation of a workload: lengths, block tables, free blocks, which blocks
+    are shared, and the keys and values read through the tables, against the contiguous cache."""
+    d = draw("paged_kv_cache", hidden)
+    with own_fault():
+        for i, (num_blocks, size, n_kv, d_head, dtype, ops) in enumerate(_cache_cases(d)):
+            shape = (num_blocks, size, n_kv, d_head)
+            label = f"PagedKVCache({', '.join(map(str, shape))}, dtype={str(dtype)[6:]})"
+            cache = call(PagedKVCache, *shape, dtype=dtype, name=label)
+            for name in ("k_pool", "v_pool"):
+                pool = getattr(cache, name, None)
+                expect(isinstance(pool, torch.Tensor) and tuple(pool.shape) == shape and pool.dtype == dtype,
+                       f"{label}.{name} is {_core.describe(pool)}, expected a {dtype} tensor of shape {shape}.",
+                       "create k_pool and v_pool in __init__ as (num_blocks, block_size, n_kv_heads, d_head) "
+                       "tensors of the dtype given.")
+            _run_workload(cache, label, ops, d.sub(f"tokens{i}"), shape, dtype)
+        _check_out_of_blocks(PagedKVCache)
+
+
+def _traces(ops: list, size: int, num_blocks: int) -> dict[str, list[tuple]]:
+    """variant -> what the check reads after each operation (:meth:`_Blocks.seen`), for the correct bookkeeping
+    ("ok") and each bug's."""
+    traces = {}
+    for variant in ["ok", *(v for v, _ in _BOOKKEEPING_BUGS)]:
+        model, traces[variant] = _Blocks(size, variant), []
+        for op in ops:
+            model.run(op)
+            traces[variant].append(model.seen(num_blocks))
+    return traces
+
+
+def _run_workload(cache, label: str, ops: list, d, shape: tuple, dtype: torch.dtype) -> None:
+    num_blocks, size, n_kv, d_head = shape
+    traces, model = _traces(ops, size, num_blocks), _Blocks(size)
+    keys: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}     # the contiguous cache
+    seen, before = [], {}
+    for step, op in enumerate(ops):
+        where = f"{label} after {', '.join(_op_text(o) for o in ops[max(0, step - 7):step + 1])}" + \
+            (f" (the last 8 of {step + 1} operations)" if step >= 8 else "")
+        model.run(op)
+        if op[0] == "append":
+            new = tuple(d.randn(op[2], n_kv, d_head, dtype=torch.float64).to(dtype) for _ in range(2))
+            old = keys.get(op[1], (new[0][:0], new[1][:0]))
+            keys[op[1]] = (torch.cat((old[0], new[0])), torch.cat((old[1], new[1])))
+        elif op[0] == "fork":
+            keys[op[2]] = keys[op[1]]
+        else:
+            del keys[op[1]]
+        _call_op(cache, op, where, traces, seen, shape, dtype, new if op[0] == "append" else None)
+        tables = _check_tables(cache, where, op, model, before, num_blocks)
+        seen.append(_seen(cache, tables, where))
+        if seen[-1] != traces["ok"][step]:
+            _blame_bookkeeping(cache, where, ops, seen, traces, shape, dtype)
+        _check_sharing(where, tables, model.tables)
+        _check_contents(cache, where, tables, keys)
+        before = tables
+
+
+def _seen(cache, tables: dict, where: str) -> tuple:
+    free = call(cache.num_free_blocks, name="PagedKVCache.num_free_blocks")
+    expect(isinstance(free, int) and not isinstance(free, bool), f"{where}: num_free_blocks() returned "
+           f"{_core.describe(free)}, expected an int.", "return the number of free blocks as a Python int.")
+    return free, tuple(sorted((s, len(t)) for s, t in tables.items()))
+
+
+def _apply(cache, op: tuple, shape: tuple, dtype: torch.dtype, new: tuple | None = None) -> None:
+    """One operation on the student's cache (``new``: the keys and values of an append; zeros if None)."""
+    if op[0] == "append":
+        k, v = new if new is not None else (torch.zeros(op[2], *shape[2:], dtype=dtype) for _ in range(2))
+        cache.append(op[1], k.clone(), v.clone())
+    else:
+        getattr(cache, op[0])(*op[1:])
+
+
+def _call_op(cache, op: tuple, where: str, traces: dict, seen: list, shape: tuple, dtype: torch.dtype,
+             new: tuple | None) -> None:
+    """One operation on the student's cache; running out of blocks where a correct cache does not is blamed on
+    the bug whose bookkeeping runs out there."""
+    try:
+        _apply(cache, op, shape, dtype, new)
+    except NotImplementedError as err:
+        raise _core.not_written(err, where) from err
+    except Exception as err:  # noqa: BLE001 - judged below
+        step = len(seen)
+        if not isinstance(err, RuntimeError) or traces["ok"][step][0] < 0:
+            raise CheckFailed.of(f"{where}: it raised {type(err).__name__}: {_core.capped(str(err), 300)}",
+                                 "read the traceback above this message; the operation was valid for the spec.") \
+                from err
+        hint = next((h for v, h in _BOOKKEEPING_BUGS if traces[v][:step] == seen and traces[v][step][0] < 0),
+                    _CACHE_STATE)
+        raise CheckFailed.of(f"{where}: it ran out of blocks (RuntimeError: {_core.capped(str(err), 200)}), but a "
+                             f"correct cache has {traces['ok'][step][0]} of the {shape[0]} blocks free here.",
+                             hint) from err
+
+
+def _blame_bookkeeping(cache, where: str, ops: list, seen: list, traces: dict, shape: tuple,
+                       dtype: torch.dtype) -> None:
+    """The first difference from a correct cache's bookkeeping, with the hint of the bug whose bookkeeping the
+    cache follows. When several bugs agree so far, the workload goes on until the cache's own readings tell them
+    apart (or it fails)."""
+    (free, lengths), (want_free, want_lengths) = seen[-1], traces["ok"][len(seen) - 1]
+    what = (f"{where}: the block tables have lengths {dict(lengths)}, expected {dict(want_lengths)}" if lengths !=
+            want_lengths else f"{where}: num_free_blocks() is {free}, expected {want_free} of {shape[0]}")
+    follows = lambda: [(v, h) for v, h in _BOOKKEEPING_BUGS if traces[v][:len(seen)] == seen]  # noqa: E731
+    bugs = follows()
+    for op in ops[len(seen):] if len(bugs) > 1 else []:
+        try:
+            _apply(cache, op, shape, dtype)
+            tables = {int(s): list(t) for s, t in dict(cache.block_tables).items()}
+            seen.append(_seen(cache, tables, where))
+        except Exception:  # noqa: BLE001 - the readings so far decide
+            break
+        if not follows():
+            break
+        bugs = follows()
+        if len(bugs) == 1:
+            break
+    fail(f"{what}.", bugs[0][1] if bugs else _CACHE_STATE)
+
+
+def _check_tables(cache, where: str, op: tuple, model: _Blocks, before: dict,
+                  num_blocks: int) -> dict[int, list[int]]:
+    """The student's lengths and block tables as plain data, after checking the lengths, the ids, and that the
+    operation changed no table but its own sequence's."""
+    lengths, tables = getattr(cache, "lengths", None), getattr(cache, "block_tables", None)
+    expect(isinstance(lengths, dict) and isinstance(tables, dict), f"{where}: lengths is {_core.describe(lengths)} "
+           f"and block_tables {_core.describe(tables)}, expected two dicts keyed by sequence id.",
+           "keep self.lengths = {seq_id: tokens stored} and self.block_tables = {seq_id: [block ids]}.")
+    compare(dict(lengths), model.lengths, f"{where}: lengths", "lengths[s] is the number of tokens sequence s holds: "
+            "append adds the new tokens, fork gives the child the parent's length, free removes the sequence.")
+    try:
+        tables = {int(s): [int(b) for b in t] for s, t in tables.items()}
+    except (TypeError, ValueError):
+        fail(f"{where}: block_tables is not a dict of lists of block ids.", "block_tables[s] is a list of ints.")
+    compare(sorted(tables), sorted(model.tables), f"{where}: the sequences in block_tables",
+            "block_tables has one entry per live sequence: append to a new seq_id creates it, fork adds the child, "
+            "free removes the sequence.")
+    touched = op[2] if op[0] == "fork" else op[1]        # the one sequence whose table may change
+    for s, table in tables.items():
+        expect(s == touched or s not in before or table == before[s], f"{where}: the block table of sequence {s} "
+               f"changed from {before.get(s)} to {table}, but the operation was on sequence {touched}.",
+               "the child's table must be a list of its own (list(parent_table)), not the parent's list itself: "
+               "otherwise a block the child appends or copies lands in the parent's table too.")
+        expect(len(set(table)) == len(table) and all(0 <= b < num_blocks for b in table),
+               f"{where}: block_tables[{s}] is {table}.", "a table lists distinct block ids in range(num_blocks).")
+    return tables
+
+
+def _check_sharing(where: str, tables: dict, model_tables: dict) -> None:
+    """Blocks shared exactly where the bookkeeping shares them: a one-to-one map between block ids."""
+    ours, theirs = {}, {}
+    for s, table in tables.items():
+        for index, (block, abstract) in enumerate(zip(table, model_tables[s])):
+            if ours.setdefault(block, (abstract, s, index))[0] != abstract:
+                fail(f"{where}: block {block} is held by sequence {ours[block][1]} (entry {ours[block][2]}) and by "
+                     f"sequence {s} (entry {index}), where a correct cache holds two blocks.",
+                     dict(_BOOKKEEPING_BUGS)["no_cow"])
+            if theirs.setdefault(abstract, (block, s, index))[0] != block:
+                fail(f"{where}: sequences {theirs[abstract][1]} and {s} hold blocks {theirs[abstract][0]} and "
+                     f"{block} at entry {index}, where a correct cache shares one block.",
+                     dict(_BOOKKEEPING_BUGS)["fork_copies"])
+
+
+def _check_contents(cache, where: str, tables: dict, keys: dict) -> None:
+    """What the pools hold through each table: the keys and values appended, in order, exactly."""
+    for pool_name, part in (("k_pool", 0), ("v_pool", 1)):
+        pool = getattr(cache, pool_name).detach()
+        for s, table in tables.items():
+            want = keys[s][part]
+            got = pool[torch.tensor(table, dtype=torch.long)].flatten(0, 1)[:len(want)]
+            compare(got, want, f"{where}: sequence {s}'s {'keys' if part == 0 else 'values'} read through its block "
+                    f"table, (L, n_kv_heads, d_head) with L = {len(want)}",
+                    ("the keys are right but not the values: whatever append and copy-on-write do to k_pool, they do "
+                     "to v_pool." if part == 1 else _WHERE), tol=(0.0, 0.0))
+
+
+def _check_out_of_blocks(PagedKVCache) -> None:
+    """A pool of 3 blocks of 2: five tokens fill it but for one slot; the sixth token fits, a seventh does not."""
+    cache = call(PagedKVCache, 3, 2, 1, 2, dtype=torch.float32, name="PagedKVCache(3, 2, 1, 2)")
+    kv = lambda n: (torch.ones(n, 1, 2), torch.ones(n, 1, 2))  # noqa: E731
+    call(cache.append, 0, *kv(5), name="PagedKVCache(3, 2, 1, 2).append(0, 5 tokens)")
+    call(cache.append, 0, *kv(1), name="PagedKVCache(3, 2, 1, 2).append(0, 1 token) into the last free slot")
+    try:
+        cache.append(1, *kv(1))
+    except NotImplementedError as err:
+        raise _core.not_written(err, "PagedKVCache.append") from err
+    except Exception as err:  # noqa: BLE001 - judged below
+        expect(isinstance(err, RuntimeError), f"PagedKVCache(3, 2, 1, 2) with every block held: append(1, 1 token) "
+               f"raised {type(err).__name__}, expected RuntimeError.", _NO_BLOCK)
+        return
+    fail("PagedKVCache(3, 2, 1, 2) with every block held: append(1, 1 token) returned, but no block was free.",
+         _NO_BLOCK)
+
+
+def _row_keys(pool: torch.Tensor, row: torch.Tensor, layout: str = "ok") -> torch.Tensor:
+    """The keys (or values) of one table row, block after block: (n_kv_heads, len(row) * block_size, d_head) in
+    float64. ``layout="reshaped"``: the bug of a reshape to (n_kv_heads, -1, d_head) without moving the head axis."""
+    blocks = torch.stack([pool[int(b)] for b in row]).double()            # (n_blocks, block_size, n_kv, d_head)
+    n_blocks, size, n_kv, d_head = blocks.shape
+    if layout == "reshaped":
+        return blocks.reshape(n_kv, n_blocks * size, d_head)
+    return blocks.reshape(n_blocks * size, n_kv, d_head).transpose(0, 1)
+
+
+def _attend_row(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allowed: torch.Tensor, tile: bool = False):
+    """q (n_heads, T_q, d), k and v (n_kv_heads, T, d), allowed (T_q, T): query head h reads kv head h // group
+    (``tile``: h % n_kv_heads, the bug); a query that sees no key gives zeros."""
+    group = q.shape[0] // k.shape[0]
+    rep = (lambda t: t.repeat(group, 1, 1)) if tile else (lambda t: t.repeat_interleave(group, dim=0))
+    scores = (q.double() @ rep(k).transpose(-2, -1) / math.sqrt(q.shape[-1])).masked_fill(~allowed, float("-inf"))
+    probs = torch.where(allowed.any(-1, keepdim=True), scores.softmax(-1).nan_to_num(0.0), 0.0)
+    return probs @ rep(v)
+
+
+def _paged_reference(q, k_pool, v_pool, tables, lengths, order="table", layout="ok", values="v", padded=False,
+                     shift=0, top_left=False, causal=True, tile=False) -> torch.Tensor:
+    """Attention of each row's last T_q tokens over its keys read through its table row, one row at a time, in
+    float64, in q's dtype. The keywords make the bugs the hints name."""
+    T_q, out = q.shape[2], []
+    for b in range(q.shape[0]):
+        row = tables[b].sort().values if order == "sorted" else tables[b]
+        k = _row_keys(k_pool, row, layout)
+        v = _row_keys(k_pool if values == "k" else v_pool, row, layout)
+        keys = torch.arange(k.shape[1])
+        end = k.shape[1] if padded else int(lengths[b])
+        position = torch.arange(T_q) if top_left else end - T_q + torch.arange(T_q) + shift     # of each query
+        allowed = keys[None] <= position[:, None] if causal else (keys < end)[None].expand(T_q, -1)
+        out.append(_attend_row(q[b], k, v, allowed, tile))
+    return torch.stack(out).to(q.dtype)
+
+
+def _paged_case(d, B: int, n_heads: int, n_kv: int, T_q: int, size: int, lengths: list[int], dtype: torch.dtype,
+                spare_columns: int = 1, d_head: int = 8) -> tuple:
+    """Pools of random numbers everywhere (a slot past a sequence's end holds another's old token), table rows in
+    no particular order that share row 0's first full block where they can, padded with blocks of other rows."""
+    counts = [-(-L // size) for L in lengths]
+    width, num_blocks = max(counts) + spare_columns, sum(counts) + 3
+    free = torch.randperm(num_blocks, generator=d.gen).tolist()
+    rows = []
+    for b, count in enumerate(counts):
+        shared = rows[0][:min(1, count - 1, counts[0] - 1)] if b else []
+        row = shared + [free.pop() for _ in range(count - len(shared))]
+        if b == 0 and count > 1 and row == sorted(row):
+            row.reverse()                                         # read in table order, not by block id
+        rows.append(row + [int(i) for i in torch.randint(0, num_blocks, (width - count,), generator=d.gen)])
+    pools = [d.randn(num_blocks, size, n_kv, d_head, dtype=torch.float64).to(dtype) for _ in range(2)]
+    q = d.randn(B, n_heads, T_q, d_head, dtype=torch.float64).to(dtype)
+    label = (f"paged_attention with n_heads={n_heads}, n_kv_heads={n_kv}, block_size={size}, T_q={T_q}, lengths="
+             f"{lengths}, block_tables={rows}, {str(dtype)[6:]}")
+    return q, *pools, torch.tensor(rows), torch.tensor(lengths), label
+
+
+def _paged_cases(d) -> list[tuple]:
+    f32 = torch.float32
+
+    def drawn(d):
+        n_kv, T_q, size = d.rng.randrange(1, 4), d.rng.randrange(1, 5), d.rng.choice([1, 2, 3, 4, 5, 8, 16])
+        lengths = [d.rng.randrange(T_q, 40) for _ in range(d.rng.randrange(1, 5))]
+        return _paged_case(d, len(lengths), n_kv * d.rng.randrange(1, 4), n_kv, T_q, size, lengths,
+                           d.rng.choice([f32, torch.float64]), d.rng.randrange(0, 3), d.rng.choice([4, 8, 16]))
+
+    if d.hidden:       # a block of 16 that most sequences do not fill, float64; a block of 1 token, MQA
+        fixed = [_paged_case(d, 2, 8, 2, 2, 16, [3, 40], torch.float64),
+                 _paged_case(d, 3, 6, 1, 1, 1, [1, 6, 2], f32)]
+    else:              # decoding (T_q = 1) with a spare column; chunks of 3 and 2 new tokens; MQA with 4 queries
+        fixed = [_paged_case(d, 3, 4, 2, 1, 4, [7, 13, 4], f32), _paged_case(d, 2, 6, 2, 3, 3, [5, 10], f32),
+                 _paged_case(d, 2, 2, 2, 2, 5, [2, 9], f32, 0), _paged_case(d, 1, 3, 1, 4, 2, [7], f32)]
+    return d.cases(fixed, drawn, 4)
+
+
+_PAGED_VARIANTS = [
+    (dict(order="sorted"), "read a sequence's blocks in the order of its table row (block_tables[b, 0], then "
+     "block_tables[b, 1], ...), not sorted by block id: blocks are taken from the pool in any order, and reused."),
+    (dict(layout="reshaped"), "heads and positions got mixed: k_pool[block_tables] is (B, max_blocks, block_size, "
+     "n_kv_heads, d_head); merge the block and slot axes into positions, then move the head axis before them "
+     "(transpose), not a reshape to (B, n_kv_heads, -1, d_head)."),
+    (dict(values="k"), "the values come from v_pool, read through the same table as the keys."),
+    (dict(padded=True), "the keys past lengths[b] were attended: the slots after a sequence's last token in its last "
+     "block, and the padding entries of its table row, hold other data. Hide them with lengths[b], not with the "
+     "padded width max_blocks * block_size."),
+    (lambda T_q: dict(shift=T_q), "lengths[b] counts the new tokens too: query i of row b is at position lengths[b] "
+     "- T_q + i and sees the keys at positions 0 .. lengths[b] - T_q + i."),
+    (dict(shift=1), "off by one: query i of row b sees the keys at positions up to lengths[b] - T_q + i, not one "
+     "further (that slot holds a later token, or another sequence's old one)."),
+    (dict(shift=-1), "off by one: a query sees its own key (position lengths[b] - T_q + i itself): compare with <=, "
+     "not <."),
+    (dict(top_left=True), "the causal mask is aligned top-left: query i is at position lengths[b] - T_q + i "
+     "(bottom-right), so it sees the whole past of its sequence, not only keys 0..i."),
+    (dict(causal=False), "the new queries must be causal among themselves: query i sees the keys up to its own "
+     "position, not the later new tokens of its row."),
+    (dict(tile=True), "query head h reads key/value head h // (n_heads // n_kv_heads); call your "
+     "grouped_query_attention, which groups them so."),
+]
+
+
+@_one_thread
+def check_paged_attention(paged_attention, grouped_query_attention=None, scaled_dot_product_attention=None,
+                          hidden: bool = False) -> None:
+    """Attention read through block tables against each sequence's keys in a row of their own; a failure that
+    chapter 3's attention pasted here also has is blamed on it."""
+    d = draw("paged_attention", hidden)
+    tools = {"scaled_dot_product_attention": scaled_dot_product_attention,
+             "grouped_query_attention": grouped_query_attention}
+    earlier = [(f"paged_attention calls your {name} from chapter 3, which fails that chapter's tests (exercise "
+                f"{_ATTENTION_TOOLS[name][0]})", functools.partial(_check_attention_tool, name, tools, hidden))
+               for name in tools if tools[name] is not None]
+    with earlier_first(*earlier):
+        for q, k_pool, v_pool, tables, lengths, label in _paged_cases(d):
+            with _core.forbid(*_SDPA_BUILTINS, exercise="attention through a block table"):
+                got = call_on_copies(paged_attention, q, k_pool, v_pool, tables, lengths, name="paged_attention")
+            expect_tensor(got, tuple(q.shape), label)
+            expect(got.dtype == q.dtype, f"{label} returned {got.dtype}.", "keep the dtype of q.")
+            ref = lambda kw: lambda: _paged_reference(q, k_pool, v_pool, tables, lengths, **kw)  # noqa: E731
+            compare(got, ref({})(), label, "row b's keys are the first lengths[b] slots of its blocks, in table "
+                    "order; query i is at position lengths[b] - T_q + i and sees keys 0 up to it.",
+                    variants=[(ref(kw(q.shape[2]) if callable(kw) else kw), hint) for kw, hint in _PAGED_VARIANTS],
+                    tol=_F32 if q.dtype == torch.float32 else None)

@@ -2,6 +2,29 @@
 
 from notebook_tools import Mistake
 
+_COPY_ON_WRITE = (
+    "        if start % self.block_size and self.ref_counts[table[-1]] > 1:       # a shared, partly filled last block\n"
+    "            old = table[-1]\n"
+    "            table[-1] = self.allocate()                                       # copy-on-write\n"
+    "            self.k_pool[table[-1]] = self.k_pool[old]\n"
+    "            self.v_pool[table[-1]] = self.v_pool[old]\n"
+    "            self.ref_counts[old] -= 1\n")
+_QUERY_POSITIONS = "queries = lengths[:, None] - T_q + torch.arange(T_q, device=q.device)"
+# The pasted grouped_query_attention splits the query heads as (group, n_kv_heads): chapter 3's own mistake.
+_GQA_HEADS_TILED = (
+    "    q = q.reshape(B, n_kv, group * T_q, d_head)                          # a group's queries share one key matrix\n"
+    "    if mask is not None:\n"
+    "        mask = mask.expand(B, n_heads, T_q, T_k).reshape(B, n_kv, group * T_q, T_k)\n"
+    "    out, _ = scaled_dot_product_attention(q, k, v, mask)                  # (B, n_kv, group * T_q, d_v)\n"
+    "    return out.reshape(B, n_heads, T_q, v.shape[-1])",
+    "    q = q.view(B, group, n_kv, T_q, d_head).transpose(1, 2).reshape(B, n_kv, group * T_q, d_head)\n"
+    "    if mask is not None:\n"
+    "        mask = (mask.expand(B, n_heads, T_q, T_k).reshape(B, group, n_kv, T_q, T_k).transpose(1, 2)\n"
+    "                .reshape(B, n_kv, group * T_q, T_k))\n"
+    "    out, _ = scaled_dot_product_attention(q, k, v, mask)\n"
+    "    return out.view(B, n_kv, group, T_q, -1).transpose(1, 2).reshape(B, n_heads, T_q, v.shape[-1])",
+)
+
 _TOP_P_BEFORE_T = ("        probs = torch.softmax(x, dim=-1)\n",
                    "        probs = torch.softmax(x * temperature, dim=-1)\n")
 
@@ -230,6 +253,77 @@ MISTAKES = [
             ("ex8_visible", "ex8_hidden"), "leave the inputs as they are"),
     Mistake("expected_tokens_off_by_one", "ex8_answer", "(1 - alpha ** (k + 1))", "(1 - alpha ** k)",
             ("ex8_visible", "ex8_hidden"), "numerator is 1 - a^(k+1)"),
+    # ---------------------------------------------------------------- 9: a paged KV cache (issue 28)
+    # Chapter 3's attention pasted wrong: its own test names it, and paged_attention's blames it.
+    Mistake("pasted_gqa_heads_tiled", "ex9_tools_answer", *_GQA_HEADS_TILED, ("ex9_tools_visible",),
+            "grouped as h % n_kv_heads"),
+    Mistake("paged_attention_after_pasted_gqa_tiled", "ex9_tools_answer", *_GQA_HEADS_TILED,
+            ("ex9_visible", "ex9_hidden"), "paged_attention calls your grouped_query_attention from chapter 3",
+            e2e=False),
+    Mistake("paged_block_at_boundary", "ex9_answer", "while len(table) * self.block_size < start + len(k):",
+            "while len(table) * self.block_size <= start + len(k):", ("ex9_visible", "ex9_hidden"),
+            "off by one in allocation"),
+    Mistake("paged_new_block_per_append", "ex9_answer",
+            "        while len(table) * self.block_size < start + len(k):\n"
+            "            table.append(self.allocate())\n",
+            "        table += [self.allocate() for _ in range(-(-len(k) // self.block_size))]\n",
+            ("ex9_visible", "ex9_hidden"), "fills the free slots of the sequence's last block"),
+    Mistake("paged_no_copy_on_write", "ex9_answer", _COPY_ON_WRITE, "", ("ex9_visible", "ex9_hidden"),
+            "copy-on-write: before an append writes into a last block"),
+    Mistake("paged_copy_keeps_old_count", "ex9_answer", "            self.ref_counts[old] -= 1\n", "",
+            ("ex9_visible", "ex9_hidden"), "no longer holds the old one"),
+    Mistake("paged_copy_forgets_values", "ex9_answer", "            self.v_pool[table[-1]] = self.v_pool[old]\n", "",
+            ("ex9_visible", "ex9_hidden"), "the keys are right but not the values"),
+    Mistake("paged_free_ignores_count", "ex9_answer",
+            "        for block in self.block_tables.pop(seq_id):\n"
+            "            self.ref_counts[block] -= 1\n"
+            "            if self.ref_counts[block] == 0:\n"
+            "                self.free_blocks.append(block)\n",
+            "        self.free_blocks += self.block_tables.pop(seq_id)\n",
+            ("ex9_visible", "ex9_hidden"), "free gives a block back to the pool only when no other sequence"),
+    Mistake("paged_fork_copies_blocks", "ex9_answer",
+            "        self.block_tables[child_id] = list(self.block_tables[parent_id])\n"
+            "        for block in self.block_tables[child_id]:\n"
+            "            self.ref_counts[block] += 1\n",
+            "        self.block_tables[child_id] = []\n"
+            "        for block in self.block_tables[parent_id]:\n"
+            "            new = self.allocate()\n"
+            "            self.k_pool[new], self.v_pool[new] = self.k_pool[block], self.v_pool[block]\n"
+            "            self.block_tables[child_id].append(new)\n",
+            ("ex9_visible", "ex9_hidden"), "fork shares the parent's blocks"),
+    Mistake("paged_fork_aliases_table", "ex9_answer",
+            "self.block_tables[child_id] = list(self.block_tables[parent_id])",
+            "self.block_tables[child_id] = self.block_tables[parent_id]",
+            ("ex9_visible", "ex9_hidden"), "a list of its own"),
+    Mistake("paged_no_runtime_error", "ex9_answer",
+            "        if not self.free_blocks:\n            raise RuntimeError(\"the pool has no free block\")\n", "",
+            ("ex9_visible", "ex9_hidden"), "when no block is free, append raises RuntimeError"),
+    Mistake("paged_blocks_in_id_order", "ex9_answer", "    k = k_pool[block_tables].flatten(1, 2)",
+            "    block_tables = block_tables.sort(dim=-1).values\n    k = k_pool[block_tables].flatten(1, 2)",
+            ("ex9_visible", "ex9_hidden"), "in the order of its table row"),
+    Mistake("paged_heads_reshaped", "ex9_answer",
+            "    k = k_pool[block_tables].flatten(1, 2).transpose(1, 2)           # (B, n_kv_heads, max_blocks * block_size, d_head)\n"
+            "    v = v_pool[block_tables].flatten(1, 2).transpose(1, 2)\n",
+            "    k = k_pool[block_tables].reshape(B, k_pool.shape[2], -1, k_pool.shape[3])\n"
+            "    v = v_pool[block_tables].reshape(B, v_pool.shape[2], -1, v_pool.shape[3])\n",
+            ("ex9_visible", "ex9_hidden"), "heads and positions got mixed"),
+    Mistake("paged_attends_past_length", "ex9_answer", _QUERY_POSITIONS,
+            "queries = (k.shape[2] - T_q + torch.arange(T_q, device=q.device)).expand(B, T_q)",
+            ("ex9_visible", "ex9_hidden"), "the keys past lengths[b] were attended"),
+    Mistake("paged_lengths_without_new_tokens", "ex9_answer", _QUERY_POSITIONS,
+            "queries = lengths[:, None] + torch.arange(T_q, device=q.device)",
+            ("ex9_visible", "ex9_hidden"), "lengths[b] counts the new tokens too"),
+    Mistake("paged_mask_strict", "ex9_answer", "mask = keys[None, None, :] <= queries[:, :, None]",
+            "mask = keys[None, None, :] < queries[:, :, None]", ("ex9_visible", "ex9_hidden"),
+            "a query sees its own key"),
+    Mistake("paged_values_from_key_pool", "ex9_answer", "    v = v_pool[block_tables]", "    v = k_pool[block_tables]",
+            ("ex9_visible", "ex9_hidden"), "the values come from v_pool"),
+    Mistake("paged_new_queries_see_each_other", "ex9_answer", "mask = keys[None, None, :] <= queries[:, :, None]",
+            "mask = (keys[None, :] < lengths[:, None])[:, None, :].expand(B, T_q, -1)",
+            ("ex9_visible", "ex9_hidden"), "causal among themselves"),
+    Mistake("paged_mask_top_left", "ex9_answer", _QUERY_POSITIONS,
+            "queries = torch.arange(T_q, device=q.device).expand(B, T_q)", ("ex9_visible", "ex9_hidden"),
+            "aligned top-left"),
     # ---------------------------------------------------------------- found by honest attempts
     Mistake("sampling_after_process_logits_in_place", "ex1_answer", "x = logits.clone()", "x = logits",
             ("ex2_visible",), "sample_next_token calls your process_logits, which fails exercise 1's tests"),

@@ -1,13 +1,10 @@
-"""Checks for chapter 4: activations, the FFN, SwiGLU (its width; a fused gate-and-up matrix), LayerNorm over
-several trailing dimensions, RMSNorm along any axis, a Llama-style decoder block (RMSNorm, RoPE, causal
-grouped-query attention, SwiGLU; Pre-LN or Post-LN), a model's parameter count and the FFN's activation memory,
-a top-k mixture of experts with capacity and its load-balancing loss, and the FFNs' share of the parameters
-(predicted, then measured).
+"""Checks for chapter 4: activations, the FFN, SwiGLU and its width, LayerNorm over trailing dimensions, RMSNorm
+along any axis, a Llama-style decoder block (Pre-LN or Post-LN), a model's parameter count and the FFN's activation
+memory, a top-k mixture of experts with capacity and its balancing loss, the FFNs' share of the parameters.
 
-Oracles: F.gelu, F.silu, F.layer_norm and F.rms_norm (never in the answers), a block built on
-F.scaled_dot_product_attention (enable_gqa) and chapter 3's complex RoPE, models of nn modules on the meta device
-and counted, hand-derived counts, a slow per-token mixture of experts. Properties: the block is causal, no expert
-takes more than its capacity, one expert with k = 1 is the FFN.
+Oracles: F.gelu, F.silu, F.layer_norm, F.rms_norm (never in the answers), a block built on
+F.scaled_dot_product_attention and chapter 3's complex RoPE, models of nn modules on the meta device, a slow
+per-token mixture of experts. Properties: the block is causal, no expert exceeds its capacity, one expert is the FFN.
 """
 
 from __future__ import annotations
@@ -27,6 +24,7 @@ from ._core import meta_table, one_thread as _one_thread
 from ._vocabulary import call_on_copies, compare, draw, expect, expect_tensor_of, fail, judge_configured, matches
 from ._vocabulary import passes, when
 from .ch03 import _rope_complex
+
 
 # ----------------------------------------------------------------------------- helpers
 
@@ -58,8 +56,8 @@ def _run(fn: Callable, x: torch.Tensor, name: str, dtype_hint: str | None = None
 
 
 def _precision(x: torch.Tensor) -> torch.dtype:
-    """The dtype whose rounding a norm's output carries: the input's for bfloat16 and float16,
-    float32 otherwise (the exercises compute the statistics in float32, a float64 input too)."""
+    """The dtype whose rounding a norm's output carries: a bfloat16 or float16 input's, else float32 (the statistics'
+    dtype in the exercises, for a float64 input too)."""
     return x.dtype if x.dtype in _LOW else torch.float32
 
 
@@ -112,7 +110,6 @@ def _shown(name: str, *args: Any, **kwargs: Any) -> str:
 
 
 # ----------------------------------------------------------------------------- exercise 1
-
 
 _KEEP_DTYPE = ("keep the input's dtype: build constants with math (floats), not float32 tensors, and do not "
                "convert the input with .float() without converting the result back.")
@@ -171,8 +168,7 @@ def check_activations(gelu=None, gelu_tanh=None, silu=None, hidden: bool = False
 
 
 def _calls(who: str, gelu=None, silu=None, LayerNorm=None, FeedForward=None, RMSNorm=None, SwiGLU=None) -> list:
-    """(what, check) pairs for the earlier answers that ``who`` calls, deepest first: a failure
-    that one of them explains is blamed on it (``earlier_first``)."""
+    """(what, check) pairs for the earlier answers that ``who`` calls, deepest first (``earlier_first``)."""
     return earlier_answers(who, ("calls your gelu", 1, gelu, lambda f: check_activations(gelu=f)),
                            ("calls your silu", 1, silu, lambda f: check_activations(silu=f)),
                            ("uses your LayerNorm", 4, LayerNorm, check_layer_norm),
@@ -180,8 +176,8 @@ def _calls(who: str, gelu=None, silu=None, LayerNorm=None, FeedForward=None, RMS
                            ("uses your FeedForward", 2, FeedForward, check_feed_forward),
                            ("uses your SwiGLU", 3, SwiGLU, lambda f: check_swiglu(f, given_width_only=True)))
 
-# ----------------------------------------------------------------------------- exercise 2
 
+# ----------------------------------------------------------------------------- exercise 2
 
 def _ffn_ref(x: torch.Tensor, w1, b1, w2, b2, act: Callable = F.gelu) -> torch.Tensor:
     return F.linear(act(F.linear(x, w1, b1)), w2, b2)
@@ -196,7 +192,8 @@ def _ffn_variants(x: torch.Tensor, w1, b1, w2, b2) -> list:
             (lambda: wrong(b2, lambda h: h), "there is no activation between fc1 and fc2: two linear layers in a row "
                                              "are one linear layer."),
             (lambda: wrong(b2, F.silu), "SiLU was used where GELU is asked."),
-            (lambda: wrong(None), "fc2's bias was not added: call self.fc2(...) rather than multiplying by its weight.")]
+            (lambda: wrong(None), "fc2's bias was not added: call self.fc2(...) rather than multiplying by its "
+                                  "weight.")]
 
 
 @_one_thread
@@ -222,8 +219,8 @@ def check_feed_forward(FeedForward, gelu=None, hidden: bool = False) -> None:
                         "the FFN output at position 0, once the other positions were removed,",
                         "the FFN acts on each position on its own: no mixing along T.")
 
-# ----------------------------------------------------------------------------- exercise 3
 
+# ----------------------------------------------------------------------------- exercise 3
 
 def _swiglu_hidden_ref(d_model: int, multiple_of: int, multiplier: float | None = None) -> int:
     h = int(2 * (4 * d_model) / 3)
@@ -261,7 +258,8 @@ def check_swiglu_hidden(swiglu_hidden, hidden: bool = False) -> None:
                "a tensor.")
         compare(got, _swiglu_hidden_ref(d_model, m, mult), _shown("swiglu_hidden", *args),
                 "hidden = int(2 * 4 * d_model / 3), then int(ffn_dim_multiplier * hidden) when a multiplier is "
-                "given, then round up to a multiple of multiple_of.", variants=_swiglu_hidden_variants(d_model, m, mult))
+                "given, then round up to a multiple of multiple_of.",
+                variants=_swiglu_hidden_variants(d_model, m, mult))
 
 
 def _swiglu_ref(x: torch.Tensor, gate, up, down, act: Callable = F.silu) -> torch.Tensor:
@@ -320,8 +318,8 @@ def check_swiglu(SwiGLU, silu=None, hidden: bool = False, given_width_only: bool
                         variants=_swiglu_variants(x, Wt, Wdt, h))
             module.float()
 
-# ----------------------------------------------------------------------------- exercise 4 and 5
 
+# ----------------------------------------------------------------------------- exercise 4 and 5
 
 def _norm_inputs(d, n: int) -> list[tuple[torch.Tensor, str]]:
     """Rows of ``n`` features: float32 ones, large means, low precision, variances below eps."""
@@ -489,8 +487,8 @@ def check_rms_norm(RMSNorm, hidden: bool = False, last_axis_only: bool = False) 
                           lambda x: _rms_norm_variants(x, w, eps, axis), f"along axis {axis} (of size {n})",
                           _MOVES, "RMSNorm along its axis without moving it (no movedim, transpose or permute)")
 
-# ----------------------------------------------------------------------------- exercise 6
 
+# ----------------------------------------------------------------------------- exercise 6
 
 def _decoder_oracle(x: torch.Tensor, p: dict, H: int, H_kv: int, pre: bool, base: float, *, rope: str = "half",
                     tile: bool = False, causal: bool = True, scale: float | None = None, layout: str | None = None,
@@ -646,8 +644,8 @@ def check_decoder_block(DecoderBlock, RMSNorm=None, SwiGLU=None, silu=None, hidd
                 _check_block_rope(block.double(), shown, H, width // H, base, d)
             block.float()
 
-# ----------------------------------------------------------------------------- exercise 7
 
+# ----------------------------------------------------------------------------- exercise 7
 
 def _count_oracle(V: int, d: int, L: int, H: int, H_kv: int, h: int, gated: bool, bias: bool, norm: str,
                   tied: bool) -> int:
@@ -748,8 +746,8 @@ def check_ffn_activation_bytes(ffn_activation_bytes, hidden: bool = False) -> No
                     (want // size * 4 if dtype != torch.float32 else None,
                      f"{dtype} does not take 4 bytes per number: look the size up from the dtype.")])
 
-# ----------------------------------------------------------------------------- exercise 8
 
+# ----------------------------------------------------------------------------- exercise 8
 
 _NEVER_ENFORCED = ("capacity was never enforced: an expert takes at most capacity = ceil(capacity_factor * n_tokens "
                    "* k / n_experts) tokens; the others are dropped.")
@@ -959,12 +957,11 @@ def _moe_router_in_float32(MoE, d) -> None:
     expect(aux.dtype == torch.float32, f"for a bfloat16 MoE, aux_loss is {aux.dtype}, expected float32.", hint)
     compare(aux.detach(), want, "for a bfloat16 MoE, aux_loss (from the router's float32 probabilities)",
             "aux_loss = n_experts * sum_e f_e * P_e from probs = softmax(router(x).float()).",
-            variants=[*((wrong, hint) for wrong in in_bf16), (when(lambda got: matches(got, want, (1e-2, 1e-2))), hint)])
+            variants=[*((v, hint) for v in in_bf16), (when(lambda got: matches(got, want, (1e-2, 1e-2))), hint)])
     module.float()
 
 
 # ----------------------------------------------------------------------------- exercise 9
-
 
 # Llama 3 8B, the case the notebook measures: (vocab_size, d_model, n_layers, n_heads, n_kv_heads, d_hidden).
 SHARE_CASE = (128256, 4096, 32, 32, 8, 14336)

@@ -844,36 +844,33 @@ def _window_ref(q, k, v, window: int, extra: int = 0, scale: str = "sqrt", padde
     return (torch.softmax(s, -1).unsqueeze(-2) @ vp.transpose(-2, -1)).squeeze(-2)
 
 
-def _blockwise_case(d, lengths: tuple[int, int], widths: tuple[int, int], blocks) -> tuple:
-    """A drawn case of a blockwise attention check: (batch, T, d_k, d_v, block, dtype), with T
-    in ``lengths``, d_k and d_v in ``widths`` and the block (window or chunk) in ``blocks(T)``."""
-    T = d.rng.randrange(*lengths)
-    batch = tuple(d.rng.randrange(1, 3) for _ in range(d.rng.randrange(1, 3)))
-    return (batch, T, d.rng.randrange(*widths), d.rng.randrange(*widths), d.rng.randrange(*blocks(T)),
-            d.rng.choice([torch.float32, torch.float64]))
+def _blockwise_cases(d, cases: list, lengths: tuple[int, int], widths: tuple[int, int], blocks, scales=(1.0,) * 3):
+    """Cases (batch, T, d_k, d_v, block, dtype) with q, k, v drawn (times ``scales``): ``cases``, and hidden, three
+    drawn with T in ``lengths``, d_k and d_v in ``widths`` and the block (window or chunk) in ``blocks(T)``."""
+    def drawn(d):
+        T = d.rng.randrange(*lengths)
+        batch = tuple(d.rng.randrange(1, 3) for _ in range(d.rng.randrange(1, 3)))
+        return (batch, T, d.rng.randrange(*widths), d.rng.randrange(*widths), d.rng.randrange(*blocks(T)),
+                d.rng.choice([torch.float32, torch.float64]))
+    for batch, T, d_k, d_v, block, dtype in d.cases(cases, drawn, 3):
+        yield (batch, T, d_k, d_v, block, dtype, *(d.randn(*batch, T, n, dtype=dtype) * s
+                                                   for n, s in zip((d_k, d_k, d_v), scales)))
 
 
 @_one_thread
 def check_sliding_window_attention(sliding_window_attention, scaled_dot_product_attention=None,
                                    hidden: bool = False) -> None:
-    d = draw("sliding_window_attention", hidden)
+    d, f32, f64 = draw("sliding_window_attention", hidden), torch.float32, torch.float64
+    extra = [((1,), 64, 4, 4, 1, f32), ((2,), 30, 8, 2, 30, f64), ((3,), 7, 2, 3, 12, f32)] if d.hidden else []
+    cases = [((2,), 48, 4, 3, 4, f32), ((1, 2), 40, 6, 6, 5, f32), ((2,), 5, 3, 2, 8, f32), ((1,), 24, 4, 3, 3, f64)]
     with _blame_attention_answer("sliding_window_attention", scaled_dot_product_attention):
-        def drawn(d):
-            return _blockwise_case(d, (8, 80), (1, 7), lambda T: (1, max(2, T // 4)))
-
-        f32, f64 = torch.float32, torch.float64
-        extra = [((1,), 64, 4, 4, 1, f32), ((2,), 30, 8, 2, 30, f64), ((3,), 7, 2, 3, 12, f32)] if d.hidden else []
-        cases = d.cases([((2,), 48, 4, 3, 4, f32), ((1, 2), 40, 6, 6, 5, f32), ((2,), 5, 3, 2, 8, f32),
-                         ((1,), 24, 4, 3, 3, f64)] + extra, drawn, 3)
-        for batch, T, d_k, d_v, window, dtype in cases:
-            q, k, v = (d.randn(*batch, T, n, dtype=dtype) * s for n, s in ((d_k, 1.5), (d_k, 1.5), (d_v, 1.0)))
+        for batch, T, d_k, d_v, window, dtype, q, k, v in _blockwise_cases(
+                d, cases + extra, (8, 80), (1, 7), lambda T: (1, max(2, T // 4)), (1.5, 1.5, 1.0)):
             label = (f"sliding_window_attention(q, k, v, window={window}) for q {(*batch, T, d_k)}, d_v={d_v}, "
                      f"{str(dtype)[6:]}")
-            largest = _LargestTensor()
-            with forbid(*_SDPA, exercise="sliding-window attention"), largest:
-                got = _call_on_copies(sliding_window_attention, (q, k, v), window, name="sliding_window_attention")
-            expect_tensor(got, (*batch, T, d_v), label)
-            expect(got.dtype == dtype, f"{label} returned {got.dtype}.", "keep the dtype of q.")
+            got, largest = _run(sliding_window_attention, q, k, v, window, name="sliding_window_attention",
+                                exercise="sliding-window attention")
+            expect_tensor_of(got, (*batch, T, d_v), dtype, label, "keep the dtype of q.")
             ref = lambda **kw: lambda: _window_ref(q, k, v, window, **kw).to(dtype)  # noqa: E731
             compare(got, ref()(), label, "out_i = softmax over keys j in [i - window + 1, i] (j >= 0) of q_i . k_j / "
                     "sqrt(d_k), times v_j.", variants=[
@@ -885,10 +882,11 @@ def check_sliding_window_attention(sliding_window_attention, scaled_dot_product_
                         (ref(extra=-1) if window > 1 else None, f"off by one: each query sees window = {window} keys, "
                          "itself included (keys i - window + 1 .. i), not window - 1."),
                         (ref(scale="none"), "the scores were not scaled: divide them by sqrt(d_k).")])
-            expect(2 * window * max(d_k, d_v, 1) >= T or largest.nbytes < math.prod(batch) * T * T * q.element_size(),
-                   _full_matrix_hint("sliding_window_attention", largest, T, T), "sliding-window attention needs only "
-                   f"(T, window) = ({T}, {window}) scores: gather, for each query, its window of keys (pad window - 1 "
-                   "positions before the sequence, then unfold), never the (T, T) matrix.")
+            small = 2 * window * max(d_k, d_v, 1) >= T or largest.nbytes < math.prod(batch) * T * T * q.element_size()
+            _expect_no_full_matrix(small, "sliding_window_attention", largest, T, T, "sliding-window attention needs "
+                                   f"only (T, window) = ({T}, {window}) scores: gather, for each query, its window of "
+                                   "keys (pad window - 1 positions before the sequence, then unfold), never the (T, T) "
+                                   "matrix.")
 
 # ----------------------------------------------------------------------------- exercise 8
 
@@ -916,7 +914,8 @@ def _matches_where_stable(got, q, k, v, variant: dict) -> bool:
         return found
     stable = ((_linear_ref(q, k, v, **{**variant, "normalise": False}) / exact).abs() > 0.5).all(dim=-1)
     # Dividing by a normaliser down to 0.5 doubles float32's rounding of it, and more where it nears 0.5.
-    return bool(stable.float().mean() > 0.5) and matches(got.detach()[stable], exact[stable].to(q.dtype), tol=(1e-3, 1e-3))
+    return bool(stable.float().mean() > 0.5) and matches(got.detach()[stable], exact[stable].to(q.dtype),
+                                                         tol=(1e-3, 1e-3))
 
 
 def _chunked_variants(C: int) -> list:
@@ -940,22 +939,17 @@ def _chunked_variants(C: int) -> list:
 
 @_one_thread
 def check_chunked_linear_attention(chunked_linear_attention, hidden: bool = False) -> None:
-    d, fn = draw("chunked_linear_attention", hidden), chunked_linear_attention
+    d, f32, f64 = draw("chunked_linear_attention", hidden), torch.float32, torch.float64
+    run = lambda *args: _run(chunked_linear_attention, *args, name="chunked_linear_attention",  # noqa: E731
+                             exercise="chunked linear attention")
     # T * d_k * d_v well above T * T / 2 is avoided: both limits bind.
-    def drawn(d):
-        return _blockwise_case(d, (20, 120), (3, 9), lambda T: (2, max(3, T // 3)))
-
-    f32, f64 = torch.float32, torch.float64
     extra = [((2,), 64, 8, 8, 1, f64), ((1,), 40, 3, 4, 64, f32), ((3,), 71, 5, 6, 10, f64)] if d.hidden else []
-    cases = d.cases([((2,), 96, 6, 6, 16, f32), ((1, 2), 50, 4, 5, 8, f32), ((1,), 40, 4, 4, 8, f64)] + extra, drawn, 3)
-    for batch, T, d_k, d_v, C, dtype in cases:
-        q, k, v = (d.randn(*batch, T, n, dtype=dtype) for n in (d_k, d_k, d_v))
+    cases = [((2,), 96, 6, 6, 16, f32), ((1, 2), 50, 4, 5, 8, f32), ((1,), 40, 4, 4, 8, f64)]
+    for batch, T, d_k, d_v, C, dtype, q, k, v in _blockwise_cases(d, cases + extra, (20, 120), (3, 9),
+                                                                   lambda T: (2, max(3, T // 3))):
         label = f"chunked_linear_attention(q, k, v, chunk_size={C}) for q {(*batch, T, d_k)}, d_v={d_v}, {str(dtype)[6:]}"
-        largest = _LargestTensor()
-        with forbid(*_SDPA, exercise="chunked linear attention"), largest:
-            got = _call_on_copies(fn, (q, k, v), C, name="chunked_linear_attention")
-        expect_tensor(got, (*batch, T, d_v), label)
-        expect(got.dtype == dtype, f"{label} returned {got.dtype}.", "keep the dtype of q.")
+        got, largest = run(q, k, v, C)
+        expect_tensor_of(got, (*batch, T, d_v), dtype, label, "keep the dtype of q.")
         compare(got, _linear_ref(q, k, v).to(dtype), label, "out_i = phi(q_i) . S_i / (phi(q_i) . z_i) with S_i = "
                 "sum_{j<=i} phi(k_j) v_j^T and z_i = sum_{j<=i} phi(k_j), phi(x) = elu(x) + 1: earlier chunks through "
                 "the carried state, the current one through its own masked (C, C) product.",
@@ -967,15 +961,13 @@ def check_chunked_linear_attention(chunked_linear_attention, hidden: bool = Fals
                f"as large as the prefix sums S_i of every position, (T, d_k, d_v) = ({T}, {d_k}, {d_v}).",
                "keep one running state S (d_k, d_v) and z (d_k,) from chunk to chunk (or one per chunk), not one "
                "per position: that is what chunking saves over cumsum.")
-        expect(not (C < T // 2 and largest.nbytes >= n_batch * T * T * elem), _full_matrix_hint(
-               "chunked_linear_attention", largest, T, T), "only the (chunk_size, chunk_size) products inside one "
-               "chunk are quadratic; earlier chunks enter through the state S = sum phi(k_j) v_j^T.")
+        _expect_no_full_matrix(not (C < T // 2 and largest.nbytes >= n_batch * T * T * elem),
+                               "chunked_linear_attention", largest, T, T, "only the (chunk_size, chunk_size) "
+                               "products inside one chunk are quadratic; earlier chunks enter through the state S = "
+                               "sum phi(k_j) v_j^T.")
     # Causality as a property: changing late keys and values changes no earlier output.
     q, k, v = (d.randn(2, 24, 4) for _ in range(3))
-    k2, v2 = k.clone(), v.clone()
-    k2[:, 13:] += 1.0
-    v2[:, 13:] -= 2.0
-    a, b = (_call_on_copies(fn, (q, *kv), 8, name="chunked_linear_attention") for kv in ((k, v), (k2, v2)))
+    a, b = (run(q, k + shift, v - 2 * shift, 8)[0] for shift in (0.0, (torch.arange(24) >= 13).float()[:, None]))
     expect(matches(b[:, :13], a[:, :13]), "chunked_linear_attention(chunk_size=8) is not causal: changing keys and "
            "values from position 13 on changed earlier outputs.",
            "inside a chunk mask the future (tril); update the state after the chunk.")

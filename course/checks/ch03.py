@@ -987,29 +987,34 @@ def _flash_ref(q, k, v, causal, shift=0, strict=False):
     return torch.softmax(s, dim=-1) @ v, torch.logsumexp(s, dim=-1), s.amax(dim=-1)
 
 
-def _flash_variant(q, k, v, q_block, k_block, causal, rescale_sum=True, rescale_acc=True, early_break=False):
-    """The tiled loop's output in float64, optionally with a common bug."""
-    q, k, v = (t.detach().to(torch.float64) for t in (q, k, v))
+def _tiled(q, k, v, q_block: int, k_block: int, causal: bool = False, mem=None, rescale_sum=True, rescale_acc=True,
+           early_break=False) -> torch.Tensor:
+    """Tiled attention, the loop of FlashAttention, causal aligned bottom-right; the keyword arguments reproduce
+    common bugs. With ``mem``, a :class:`SlowMemory` holding q, k and v (2-D), every tile is loaded from it and
+    every output tile stored to it."""
     T_q, T_k = q.shape[-2], k.shape[-2]
-    off, scale, outs = T_k - T_q, 1 / math.sqrt(q.shape[-1]), []
+    rows = (lambda name, t, a, b: mem.load(name, a, b)) if mem else (lambda name, t, a, b: t[..., a:b, :])
+    outs = []
     for qs in range(0, T_q, q_block):
-        qb = q[..., qs:qs + q_block, :]
-        n = qb.shape[-2]
-        m = torch.full((*qb.shape[:-1], 1), float("-inf"), dtype=torch.float64)
-        l, acc = torch.zeros_like(m), torch.zeros((*qb.shape[:-1], v.shape[-1]), dtype=torch.float64)
+        qb = rows("q", q, qs, qs + q_block)                               # (n, d), stays in fast memory
+        n, first = qb.shape[-2], T_k - T_q + qs                           # first: the first query's position
+        m = qb.new_full((*qb.shape[:-1], 1), float("-inf"))
+        l, acc = torch.zeros_like(m), qb.new_zeros((*qb.shape[:-1], v.shape[-1]))
         for ks in range(0, T_k, k_block):
-            if causal and ks > off + qs + (0 if early_break else n - 1):
+            if causal and ks > first + (0 if early_break else n - 1):
                 break
-            s = qb @ k[..., ks:ks + k_block, :].transpose(-2, -1) * scale
+            kb, vb = rows("k", k, ks, ks + k_block), rows("v", v, ks, ks + k_block)
+            s = qb @ kb.transpose(-2, -1) / math.sqrt(q.shape[-1])       # (n, k_block), in fast memory only
             if causal:
-                s = s.masked_fill(torch.arange(ks, ks + s.shape[-1]).view(1, -1)
-                                  > torch.arange(off + qs, off + qs + n).view(-1, 1), float("-inf"))
+                s = s.masked_fill(torch.arange(ks, ks + s.shape[-1]) > torch.arange(first, first + n).view(-1, 1),
+                                  float("-inf"))
             m_new = torch.maximum(m, s.amax(dim=-1, keepdim=True))
             p, c = torch.exp(s - m_new), torch.exp(m - m_new)
             l = (l * c if rescale_sum else l) + p.sum(dim=-1, keepdim=True)
-            acc = (acc * c if rescale_acc else acc) + p @ v[..., ks:ks + k_block, :]
-            m = m_new
+            acc, m = (acc * c if rescale_acc else acc) + p @ vb, m_new
         outs.append(acc / l)
+        if mem:
+            mem.store("o", outs[-1], qs)
     return torch.cat(outs, -2)
 
 
@@ -1017,7 +1022,8 @@ def _flash_variants(q, k, v, q_block, k_block, causal) -> list:
     """The outputs of common bugs (float32), in the order their hints are tried."""
     T_q, T_k = q.shape[-2], k.shape[-2]
     ref = lambda **kw: lambda: _flash_ref(q, k, v, **{"causal": causal, **kw})[0].float()  # noqa: E731
-    tiled = lambda **kw: lambda: _flash_variant(q, k, v, q_block, k_block, causal, **kw).float()  # noqa: E731
+    exact = [t.detach().double() for t in (q, k, v)]
+    tiled = lambda **kw: lambda: _tiled(*exact, q_block, k_block, causal, **kw).float()  # noqa: E731
     return [
         (when(lambda got: not bool(torch.isfinite(got).all())), "the output has inf/NaN: subtract the running maximum "
          "before exp, p = exp(s - m_new) with m_new = max(m, rowmax(s)) over all key tiles so far."),
@@ -1038,9 +1044,8 @@ def _flash_variants(q, k, v, q_block, k_block, causal) -> list:
 
 
 def _run_flash(fn, q, k, v, q_block, k_block, causal, label):
-    largest = _LargestTensor()
-    with forbid(*_SDPA, exercise="tiled attention"), largest:
-        got = _call_on_copies(fn, (q, k, v), q_block, k_block, causal=causal, name="flash_attention")
+    got, largest = _run(fn, q, k, v, q_block, k_block, causal=causal, name="flash_attention",
+                        exercise="tiled attention")
     expect(isinstance(got, (tuple, list)) and len(got) == 2, f"{label} returned {type(got).__name__}, expected a "
            "tuple (out, lse).", "return the output and the log-sum-exp of each query's scores: `return out, lse`.")
     return got[0], got[1], largest
@@ -1091,8 +1096,9 @@ def _check_flash_case(fn, d, batch, T_q, T_k, d_k, d_v, qb, kb, causal, spread) 
                 (lambda: _flash_ref(q * math.sqrt(d_k), k, v, causal)[1].float(), "the log-sum-exp is of the scaled "
                  "scores q . k / sqrt(d_k), the ones the softmax sees.")], tol=(atol * 10, 1e-5))
     n_batch, elem = math.prod(batch), q.element_size()
-    expect(kb >= T_k or largest.nbytes < n_batch * T_q * T_k * elem, _full_matrix_hint("flash_attention", largest, T_q,
-           T_k), "compute the scores one (q_block, k_block) tile at a time and fold each into the running statistics.")
+    _expect_no_full_matrix(kb >= T_k or largest.nbytes < n_batch * T_q * T_k * elem, "flash_attention", largest, T_q,
+                           T_k, "compute the scores one (q_block, k_block) tile at a time and fold each into the "
+                           "running statistics.")
     bound = n_batch * T_q * min(kb, T_k) * elem
     others = max(t.untyped_storage().nbytes() for t in (q, k, v)) + n_batch * T_q * max(d_v, 1) * elem
     expect(not (qb < T_q and bound > others and largest.nbytes >= bound),
@@ -1285,6 +1291,12 @@ def tiled_io_answer(seq_len: int, head_dim: int, q_tile: int, k_tile: int, bytes
     return bytes_per_number * seq_len * head_dim * (2 + 2 * query_tiles)
 
 
+def _judge_bytes(name: str, value, answer: int, asked: str, guesses: list, fallback: str) -> None:
+    """A count of bytes: exact, else the hint of the slip it equals, else ``fallback`` (how to count)."""
+    judge_prediction(name, value, answer, unit_hint="return your prediction as a number of bytes.", asked=asked,
+                     exact=0.5, close=0.0, close_hint="", guesses=guesses, near=0.0, fallback=fallback)
+
+
 def _standard_io_judge(config: tuple, value) -> None:
     T, d, b = config
     guesses = [
@@ -1298,19 +1310,15 @@ def _standard_io_judge(config: tuple, value) -> None:
                                       "seq_len x head_dim matrices move."),
         (b * 4 * T * T, "Q, K and V are read and O is written too: add their seq_len x head_dim numbers."),
     ]
-    judge_prediction("standard_attention_bytes", value, standard_io_answer(T, d, b),
-                     unit_hint="return your prediction as a number of bytes.",
-                     asked=f"the bytes standard attention moves (seq_len {T}, head_dim {d}, {b} bytes per number)",
-                     exact=0.5, close=0.0, close_hint="", guesses=guesses, near=0.0,
-                     fallback="follow the three steps of the model: each reads its inputs from slow memory and writes "
-                              "its result there; count the numbers of each matrix, then multiply by bytes_per_number.")
+    _judge_bytes("standard_attention_bytes", value, standard_io_answer(T, d, b), f"the bytes standard attention moves "
+                 f"(seq_len {T}, head_dim {d}, {b} bytes per number)", guesses, "follow the three steps of the model: "
+                 "each reads its inputs from slow memory and writes its result there; count the numbers of each "
+                 "matrix, then multiply by bytes_per_number.")
 
 
 def _tiled_io_judge(config: tuple, value) -> None:
     T, d, qt, kt, b = config
     n_q, n_k = -(-T // qt), -(-T // kt)
-    asked = (f"the bytes tiled attention moves (seq_len {T}, head_dim {d}, q_tile {qt}, k_tile {kt}, {b} bytes per "
-             "number)")
     guesses = [
         (b * 4 * T * d, "each query tile reads all of K and V again (the tiles of K and V do not stay in fast memory "
                         "from one query tile to the next): K and V are read once per query tile."),
@@ -1329,24 +1337,21 @@ def _tiled_io_judge(config: tuple, value) -> None:
                                                    "of K and of V."),
         (b * T * d * (1 + 2 * n_q), "the output O is written once, seq_len x head_dim numbers."),
     ]
-    judge_prediction("tiled_attention_bytes", value, tiled_io_answer(T, d, qt, kt, b),
-                     unit_hint="return your prediction as a number of bytes.", asked=asked, exact=0.5, close=0.0,
-                     close_hint="", guesses=guesses, near=0.0,
-                     fallback="follow the loop of the model: for each query tile, its Q rows once, then every K and V "
-                              "tile; then its O rows once. Count the numbers, then multiply by bytes_per_number.")
+    _judge_bytes("tiled_attention_bytes", value, tiled_io_answer(T, d, qt, kt, b), f"the bytes tiled attention moves "
+                 f"(seq_len {T}, head_dim {d}, q_tile {qt}, k_tile {kt}, {b} bytes per number)", guesses, "follow the "
+                 "loop of the model: for each query tile, its Q rows once, then every K and V tile; then its O rows "
+                 "once. Count the numbers, then multiply by bytes_per_number.")
 
 
-def _io_configs(hidden: bool) -> list[tuple]:
-    """The notebook's case and a ragged one; hidden, drawn ones with tiles that divide or not, every byte width."""
+def check_attention_io(standard_attention_bytes, tiled_attention_bytes, hidden: bool = False) -> None:
+    """Both predictions against the model's counts, on the notebook's case and a ragged one (visible); hidden, on
+    drawn ones with tiles that divide or not, every byte width."""
     def drawn(d) -> tuple:
         q_tile, k_tile = d.rng.choice([16, 32, 64, 128, 256]), d.rng.choice([16, 32, 64, 128])
         seq_len = d.rng.randrange(1, 64) * q_tile + d.rng.choice([0, d.rng.randrange(1, q_tile)])
         return seq_len, d.rng.choice([32, 64, 80, 96, 128, 256]), q_tile, k_tile, d.rng.choice([1, 2, 4, 8])
-    return draw("attention_io", hidden).cases([IO_CASE, _IO_RAGGED], drawn, 6)
 
-
-def _check_io_predictions(standard_attention_bytes, tiled_attention_bytes, hidden: bool = False) -> None:
-    configs = _io_configs(hidden)
+    configs = draw("attention_io", hidden).cases([IO_CASE, _IO_RAGGED], drawn, 6)
     judge_configured("standard_attention_bytes", standard_attention_bytes, [(T, d, b) for T, d, _, _, b in configs],
                      standard_io_answer, _standard_io_judge, shown=lambda c: "seq_len={}, head_dim={}, "
                      "bytes_per_number={}".format(*c))
@@ -1356,16 +1361,7 @@ def _check_io_predictions(standard_attention_bytes, tiled_attention_bytes, hidde
 
 def attention_io_predictions_pass(standard_attention_bytes, tiled_attention_bytes) -> bool:
     """For the exercise's demo, which shows the measurement only once the predictions pass their visible test."""
-    try:
-        _check_io_predictions(standard_attention_bytes, tiled_attention_bytes)
-    except CheckFailed:
-        return False
-    return True
-
-
-def check_attention_io(standard_attention_bytes, tiled_attention_bytes, hidden: bool = False) -> None:
-    """Both predictions against the model's counts, on the notebook's cases (visible) and drawn ones (hidden)."""
-    _check_io_predictions(standard_attention_bytes, tiled_attention_bytes, hidden)
+    return passes(check_attention_io, standard_attention_bytes, tiled_attention_bytes)
 
 
 class SlowMemory:
@@ -1395,22 +1391,6 @@ def _standard_through(mem: SlowMemory) -> torch.Tensor:
     return mem.matrices["o"]
 
 
-def _tiled_through(mem: SlowMemory, q_tile: int, k_tile: int) -> torch.Tensor:
-    T, d = mem.matrices["q"].shape
-    for qs in range(0, T, q_tile):
-        q = mem.load("q", qs, qs + q_tile)                                # (n, d), stays in fast memory
-        m = q.new_full((len(q), 1), float("-inf"))
-        l, acc = q.new_zeros(len(q), 1), q.new_zeros(len(q), d)
-        for ks in range(0, T, k_tile):
-            k, v = mem.load("k", ks, ks + k_tile), mem.load("v", ks, ks + k_tile)
-            s = q @ k.T / math.sqrt(d)                                    # (n, k_tile), in fast memory only
-            m_new = torch.maximum(m, s.amax(dim=-1, keepdim=True))
-            p, c = torch.exp(s - m_new), torch.exp(m - m_new)
-            l, acc, m = l * c + p.sum(dim=-1, keepdim=True), acc * c + p @ v, m_new
-        mem.store("o", acc / l, qs)
-    return mem.matrices["o"]
-
-
 def measure_attention_io(seq_len: int, head_dim: int, q_tile: int, k_tile: int, dtype=torch.float16) -> tuple[int, int]:
     """Run both versions on random Q, K, V of ``dtype`` through :class:`SlowMemory` (in float64 for the arithmetic,
     counted at ``dtype``'s width); check that they agree with softmax attention; return the bytes each moved."""
@@ -1418,7 +1398,7 @@ def measure_attention_io(seq_len: int, head_dim: int, q_tile: int, k_tile: int, 
     q, k, v = (torch.randn(seq_len, head_dim, generator=g, dtype=torch.float64) for _ in range(3))
     want = torch.softmax(q @ k.T / math.sqrt(head_dim), dim=-1) @ v
     moved = []
-    for run in (_standard_through, lambda mem: _tiled_through(mem, q_tile, k_tile)):
+    for run in (_standard_through, lambda mem: _tiled(q, k, v, q_tile, k_tile, mem=mem)):
         mem = SlowMemory(q=q, k=k, v=v)
         out = run(mem)
         assert torch.allclose(out, want, atol=1e-9), "the instrumented attention disagrees with softmax attention"

@@ -8,8 +8,8 @@ import torch
 from course.checks import CheckFailed
 from course.checks._core import earlier_first
 from course.checks._hidden import set_grading_seed
-from course.checks._vocabulary import (call_on_copies, compare, diagnose, draw, expect_tensor_of, fail, matches,
-                                      passes)
+from course.checks._vocabulary import (call_on_copies, compare, diagnose, draw, expect_number, expect_tensor_of,
+                                      expect_tuple, fail, matches, passes, variants_of)
 
 
 def test_a_failure_carries_its_parts_as_fields_and_reads_as_before():
@@ -155,3 +155,18 @@ def test_expect_tensor_of_names_a_wrong_dtype_with_its_hint_and_passes_tells_whe
         expect_tensor_of(torch.zeros(2, 3, dtype=torch.float64), (2, 3), torch.float32, "f(x)", "keep the dtype.")
     assert caught.value.hint == "keep the dtype." and "float64" in caught.value.what
     assert passes(lambda x: None, 1) and not passes(lambda x: fail("no", "because."), 1)
+
+
+def test_variants_of_a_table_are_computed_when_asked_and_plain_results_are_checked():
+    asked = []
+    table = [(2, "doubled."), (3, "tripled.")]
+    variants = variants_of(lambda k: asked.append(k) or 5 * k, table)
+    assert asked == [] and diagnose(15, variants, "other.") == "tripled." and asked == [2, 3]
+    assert expect_number(3, "f()", "a number.") == 3.0 and expect_tuple([1, 2], "x, y", "g()", "a pair.") == (1, 2)
+    for bad in (True, torch.tensor(1.0), None):
+        with pytest.raises(CheckFailed) as caught:
+            expect_number(bad, "f()", "a number.")
+        assert caught.value.hint == "a number." and type(bad).__name__ in caught.value.what
+    with pytest.raises(CheckFailed) as caught:
+        expect_tuple((1, 2, 3), "x, y", "g()", "a pair.")
+    assert caught.value.what == "g() returned tuple of 3 items, expected a tuple (x, y)."

@@ -258,3 +258,28 @@ def passes(check: Callable, *answers: Any) -> bool:
     except CheckFailed:
         return False
     return True
+
+
+# ----------------------------------------------------------------------------- tables and plain results
+
+def variants_of(make: Callable[[Any], Any], table: Iterable[tuple[Any, str]]) -> list[tuple[Callable[[], Any], str]]:
+    """:func:`diagnose`'s variants for a table of ``(mistake, hint)``: ``make(mistake)`` computes the value
+    that mistake gives, only when a wrong result asks for it."""
+    return [(lambda mistake=mistake: make(mistake), hint) for mistake, hint in table]
+
+
+def expect_number(got: Any, label: str, hint: str) -> float:
+    """``got`` as a float; fails with ``hint`` unless it is a Python number (a bool is not one)."""
+    expect(isinstance(got, (int, float)) and not isinstance(got, bool),
+           f"{label} returned {type(got).__name__}, expected a number.", hint)
+    return float(got)
+
+
+def expect_tuple(got: Any, names: str, label: str, hint: str) -> tuple:
+    """``got`` as a tuple of as many items as ``names`` (``"x, y"``) names; fails with ``hint`` unless it is a
+    tuple or list of that length."""
+    n = len(names.split(","))
+    expect(isinstance(got, (tuple, list)) and len(got) == n,
+           f"{label} returned {type(got).__name__}{f' of {len(got)} items' if isinstance(got, (tuple, list)) else ''}"
+           f", expected a tuple ({names}).", hint)
+    return tuple(got)

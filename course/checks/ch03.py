@@ -1216,19 +1216,19 @@ def check_decoder_attention_step(decoder_attention_step, decoder_mask=None, grou
                                  hidden: bool = False) -> None:
     """decoder_mask and grouped_query_attention, when given, are the answers of exercises 3 and 5 it may
     call: a failure they cause is blamed on them."""
-    d = draw("decoder_attention_step", hidden)
+    d, f32, f64 = draw("decoder_attention_step", hidden), torch.float32, torch.float64
+    # (B, n_heads, n_kv_heads, d_head, T_past, T_new, vocab, base, dtype); d_model = n_heads * d_head.
+    cases = [(1, 4, 2, 8, 5, 1, 11, 10000.0, f32), (2, 4, 1, 8, 3, 4, 13, 100.0, f32),
+             (1, 2, 1, 8, 4, 2, 10, 10000.0, f64)]
+    if d.hidden:
+        cases += [(2, 2, 2, 16, 0, 3, 9, 10000.0, f64), (1, 6, 3, 4, 17, 2, 20, 500.0, f64)] + [
+            (d.rng.randrange(1, 3), n_kv * d.rng.randrange(1, 4), n_kv, 2 * d.rng.randrange(2, 9),
+             d.rng.randrange(0, 25), d.rng.randrange(1, 6), d.rng.randrange(5, 40),
+             d.rng.choice([100.0, 1000.0, 10000.0]), dtype)
+            for dtype, n_kv in ((t, d.rng.randrange(1, 4)) for t in (f32, f64))]
     with earlier_first(*earlier_answers(
             "decoder_attention_step", ("may call your decoder_mask", 3, decoder_mask, check_decoder_mask),
             ("may call your grouped_query_attention", 5, grouped_query_attention, check_grouped_query_attention))):
-        # (B, n_heads, n_kv_heads, d_head, T_past, T_new, vocab, base, dtype); d_model = n_heads * d_head.
-        cases = [(1, 4, 2, 8, 5, 1, 11, 10000.0, torch.float32), (2, 4, 1, 8, 3, 4, 13, 100.0, torch.float32),
-                 (1, 2, 1, 8, 4, 2, 10, 10000.0, torch.float64)]
-        if d.hidden:
-            cases += [(2, 2, 2, 16, 0, 3, 9, 10000.0, torch.float64), (1, 6, 3, 4, 17, 2, 20, 500.0, torch.float64)]
-            for dtype, n_kv in ((dtype, d.rng.randrange(1, 4)) for dtype in (torch.float32, torch.float64)):
-                cases.append((d.rng.randrange(1, 3), n_kv * d.rng.randrange(1, 4), n_kv, 2 * d.rng.randrange(2, 9),
-                              d.rng.randrange(0, 25), d.rng.randrange(1, 6), d.rng.randrange(5, 40),
-                              d.rng.choice([100.0, 1000.0, 10000.0]), dtype))
         for case in cases:
             _check_step_case(decoder_attention_step, d, *case)
 
@@ -1240,22 +1240,18 @@ def _check_step_case(fn, d, B, H, n_kv, dh, T_past, T_new, vocab, base, dtype) -
     w_q, w_k, w_v = (r(n * dh, d_model) / math.sqrt(d_model) for n in (H, n_kv, n_kv))
     w_o, k_past, v_cache = r(d_model, H * dh) / math.sqrt(d_model), r(B, n_kv, T_past, dh), r(B, n_kv, T_past, dh)
     k_cache = _rope_complex(k_past, torch.arange(T_past), base).to(dtype)      # rotated when cached
-    inputs = [ids, emb, w_q, w_k, w_v, w_o, k_cache, v_cache]
     label = (f"decoder_attention_step with {T_new} new token{'s' if T_new > 1 else ''} after a cache of {T_past} "
              f"(B={B}, n_heads={H}, n_kv_heads={n_kv}, d_head={dh}, base={base:g}, {str(dtype)[6:]})")
-    given = _copies(*inputs)
-    with forbid(*_SDPA, exercise="the attention step"):
-        got = call(fn, *given[:6], H, n_kv, *given[6:], base, name="decoder_attention_step")
-    expect(all(torch.equal(a, b) for a, b in zip(inputs, given)), f"{label} changed one of its inputs in place.",
-           "build new tensors (torch.cat makes the new cache); do not write into the inputs.")
+    got, _ = _run(fn, ids, emb, w_q, w_k, w_v, w_o, H, n_kv, k_cache, v_cache, base, name="decoder_attention_step",
+                  exercise="the attention step", hint="build new tensors (torch.cat makes the new cache); do not write "
+                  "into the inputs.")
     expect(isinstance(got, (tuple, list)) and len(got) == 3, f"{label} returned {type(got).__name__}, expected a "
            "tuple (y, k_cache, v_cache).", "return three tensors: the layer's output and the two grown caches.")
     y, new_k, new_v = got
-    expect_tensor(y, (B, T_new, d_model), f"the output of {label}")
-    expect_tensor(new_k, (B, n_kv, T_past + T_new, dh), f"the new k_cache of {label}")
-    expect_tensor(new_v, (B, n_kv, T_past + T_new, dh), f"the new v_cache of {label}")
-    expect(y.dtype == dtype and new_k.dtype == dtype, f"{label} returned dtype {y.dtype}, expected {dtype}.",
-           "keep the dtype of the weights: create every new tensor with their dtype and device.")
+    for name, t, shape in (("output", y, (B, T_new, d_model)), ("new k_cache", new_k, (B, n_kv, T_past + T_new, dh)),
+                           ("new v_cache", new_v, (B, n_kv, T_past + T_new, dh))):
+        expect_tensor_of(t, shape, dtype, f"the {name} of {label}", "keep the dtype of the weights: create every new "
+                         "tensor with their dtype and device.")
     oracle = lambda kind="right": [t.to(dtype) for t in _step_oracle(  # noqa: E731
         ids, emb, w_q, w_k, w_v, w_o, H, n_kv, k_past, v_cache, base, kind)]
     want, want_keys = oracle()
@@ -1405,22 +1401,3 @@ def measure_attention_io(seq_len: int, head_dim: int, q_tile: int, k_tile: int, 
         width = torch.empty((), dtype=dtype).element_size() / q.element_size()
         moved.append(round((mem.read + mem.written) * width))
     return moved[0], moved[1]
-
-# ----------------------------------------------------------------------------- legacy (removed as the exercises move)
-
-
-def _copies(*tensors):
-    return [t if t is None else t.clone() for t in tensors]
-
-
-def _call_on_copies(fn, tensors: tuple, *args, name: str, **kwargs):
-    given = _copies(*tensors)
-    out = call(fn, *given, *args, name=name, **kwargs)
-    expect(all(g is None or torch.equal(g, t) for g, t in zip(given, tensors)),
-           f"{name} changed one of its input tensors in place.", _IN_PLACE)
-    return out
-
-
-def _full_matrix_hint(exercise: str, largest, T_q: int, T_k: int) -> str:
-    return (f"{exercise} created a tensor of {largest.nbytes:,} bytes (in {largest.op}), as large as the full "
-            f"(T_q, T_k) = ({T_q}, {T_k}) score matrix for every batch entry.")

@@ -50,12 +50,6 @@ def _expect_no_full_matrix(small: bool, exercise: str, largest, T_q: int, T_k: i
            f"(T_q, T_k) = ({T_q}, {T_k}) score matrix for every batch entry.", hint)
 
 
-def _random_mask(d, shape: tuple[int, ...], p: float) -> torch.Tensor:
-    """A mask hiding each key with probability ``p``; every query sees key 0."""
-    mask = d.uniform(0, 1, *shape) > p
-    mask[..., 0] = True
-    return mask
-
 # ----------------------------------------------------------------------------- exercise 1
 
 _SOFTMAX_BUILTINS = ((torch, "softmax"), (F, "softmax"), (torch.Tensor, "softmax"), (torch.special, "softmax"),
@@ -295,7 +289,8 @@ def _attention_cases(d) -> list:
     causal = torch.ones(T, T, dtype=torch.bool).tril().view(1, 1, T, T)
     empty = torch.ones(1, 1, 3, 4, dtype=torch.bool)
     empty[..., 1, :] = False
-    blind = _random_mask(d, (2, 1, 4, 6), 0.4)
+    random_mask = lambda: (d.uniform(0, 1, 2, 1, 4, 6) > 0.4) | (torch.arange(6) == 0)  # noqa: E731 - key 0 seen
+    blind = random_mask()
     blind[1, 0, 2] = False
     alibi = -torch.tensor([0.5, 0.25]).view(1, 2, 1, 1) * (torch.arange(T).view(-1, 1) - torch.arange(T)).float()
     after_cache = torch.arange(6)[None, :] <= torch.arange(2, 6)[:, None]       # 4 queries after 2 cached keys
@@ -303,7 +298,7 @@ def _attention_cases(d) -> list:
         (r(2, 5, 8), r(2, 5, 8), r(2, 5, 8), None, "q, k, v of shape (2, 5, 8), no mask", None),
         (r(2, 3, 4, 16) * 3, r(2, 3, 6, 16) * 3, r(2, 3, 6, 5), None,
          "(B, n_heads, T_q, d_k) = (2, 3, 4, 16) against 6 keys, d_v = 5", None),
-        (r(2, 3, 4, 16), r(2, 3, 6, 16), r(2, 3, 6, 5), _random_mask(d, (2, 1, 4, 6), 0.4),
+        (r(2, 3, 4, 16), r(2, 3, 6, 16), r(2, 3, 6, 5), random_mask(),
          "a random mask of shape (2, 1, 4, 6)", None),
         (r(1, 2, T, 8), r(1, 2, T, 8), r(1, 2, T, 8), causal, "a causal mask (1, 1, 5, 5)", None),
         (r(1, 2, 3, 8), r(1, 2, 4, 8), r(1, 2, 4, 8), empty, "a mask whose second query row is all False", None),
@@ -1189,26 +1184,26 @@ def _step_oracle(ids, emb, w_q, w_k, w_v, w_o, H, n_kv, k_past, v_cache, base, k
     return (out @ f(w_o) if kind == "w_o_untransposed" else F.linear(out, f(w_o))), keys
 
 
-def _step_variants(T_past: int, T_new: int) -> list:
-    """(kind of _step_oracle, hint) for common bugs."""
-    return [
-        ("no_offset", f"the new tokens were rotated as positions {'0' if T_new == 1 else f'0 .. {T_new - 1}'}, but "
-                      f"they come after {T_past} cached ones: rotate new token t by its absolute position T_past + t."),
-        ("cache_rotated_twice", "the cached keys were rotated again: the cache holds keys already rotated at their own "
-                                "positions; rotate only the new keys, then append them."),
-        ("interleaved", "RoPE was applied with interleaved pairs (x_2j, x_2j+1); this model uses the half-split "
-                        "pairing of chapter 2, entry j with entry j + d_head/2 (rotate_half)."),
-        ("values_rotated", "the values were rotated: RoPE rotates only queries and keys."),
-        ("top_left", f"the causal mask is aligned to the top left: new query t is at position {T_past} + t and sees "
-                     "every cached key and the new keys up to itself (your decoder_mask of exercise 3 with q_len = "
-                     "T_new gives this)."),
-        ("w_o_untransposed", "w_o is stored like nn.Linear's weight, (d_model, n_heads * d_head): apply it as "
-                             "out @ w_o.T, as for w_q, w_k and w_v."),
-    ]
-
-
-_CHANGES_CACHE = {"no_offset", "cache_rotated_twice", "interleaved"}     # kinds whose new k_cache is wrong too
-_NEEDS_CACHE = {"no_offset", "cache_rotated_twice", "top_left"}          # kinds that change nothing without a cache
+def _step_variants(oracle, T_past: int, T_new: int, cache_ok: bool) -> list:
+    """The outputs of common bugs (kinds of _step_oracle), each tried only where the new k_cache agrees (wrong for a
+    bug that changes it too, right for one that does not) and, for a bug that changes nothing without a cache, after
+    one."""
+    return [(lambda kind=kind, tried=wrong_cache != cache_ok and (T_past > 0 or not needs_cache): oracle(kind)[0]
+             if tried else None, hint) for kind, wrong_cache, needs_cache, hint in [
+        ("no_offset", True, True, f"the new tokens were rotated as positions "
+         f"{'0' if T_new == 1 else f'0 .. {T_new - 1}'}, but they come after {T_past} cached ones: rotate new token t "
+         "by its absolute position T_past + t."),
+        ("cache_rotated_twice", True, True, "the cached keys were rotated again: the cache holds keys already rotated "
+         "at their own positions; rotate only the new keys, then append them."),
+        ("interleaved", True, False, "RoPE was applied with interleaved pairs (x_2j, x_2j+1); this model uses the "
+         "half-split pairing of chapter 2, entry j with entry j + d_head/2 (rotate_half)."),
+        ("values_rotated", False, False, "the values were rotated: RoPE rotates only queries and keys."),
+        ("top_left", False, True, f"the causal mask is aligned to the top left: new query t is at position {T_past} + t "
+         "and sees every cached key and the new keys up to itself (your decoder_mask of exercise 3 with q_len = T_new "
+         "gives this)."),
+        ("w_o_untransposed", False, False, "w_o is stored like nn.Linear's weight, (d_model, n_heads * d_head): apply "
+         "it as out @ w_o.T, as for w_q, w_k and w_v."),
+    ]]
 
 
 @_one_thread
@@ -1256,8 +1251,7 @@ def _check_step_case(fn, d, B, H, n_kv, dh, T_past, T_new, vocab, base, dtype) -
         ids, emb, w_q, w_k, w_v, w_o, H, n_kv, k_past, v_cache, base, kind)]
     want, want_keys = oracle()
     cache_ok = matches(new_k, want_keys)
-    variants = [(lambda kind=kind: oracle(kind)[0] if (kind in _CHANGES_CACHE) != cache_ok and (
-        T_past > 0 or kind not in _NEEDS_CACHE) else None, hint) for kind, hint in _step_variants(T_past, T_new)]
+    variants = _step_variants(oracle, T_past, T_new, cache_ok)
     if not cache_ok:
         compare(new_k, want_keys, f"the new k_cache of {label}", diagnose(y, variants, (
             "the new k_cache must be cat((k_cache, rope(k_new, positions)), dim=-2) with positions T_past .. "

@@ -45,9 +45,14 @@ def _blame_attention_answer(who: str, scaled_dot_product_attention):
                                                 scaled_dot_product_attention, check_scaled_dot_product_attention)))
 
 
-def _expect_no_full_matrix(small: bool, exercise: str, largest, T_q: int, T_k: int, hint: str) -> None:
-    expect(small, f"{exercise} created a tensor of {largest.nbytes:,} bytes (in {largest.op}), as large as the full "
-           f"(T_q, T_k) = ({T_q}, {T_k}) score matrix for every batch entry.", hint)
+def _expect_small(largest, limit: float, who: str, as_large_as: str, hint: str) -> None:
+    """The largest tensor the answer created (``largest``, a LargestTensor) stays below ``limit`` bytes."""
+    expect(largest.nbytes < limit, f"{who} created a tensor of {largest.nbytes:,} bytes (in {largest.op}), as large "
+           f"as {as_large_as}.", hint)
+
+
+def _full_matrix(T_q: int, T_k: int) -> str:
+    return f"the full (T_q, T_k) = ({T_q}, {T_k}) score matrix for every batch entry"
 
 
 # ----------------------------------------------------------------------------- exercise 1
@@ -683,13 +688,12 @@ def check_grouped_query_attention(grouped_query_attention, scaled_dot_product_at
                         (ref(None) if mask is not None else None,
                          "the mask was ignored: pass it, regrouped like the queries, to the attention.")])
             expanded = B * H * T_k * dh * q.element_size()
-            expect(n_kv == H or largest.nbytes < expanded, f"{label} created a tensor of {largest.nbytes:,} bytes "
-                   f"(in {largest.op}), as large as the keys expanded to all {H} query heads ({expanded:,} bytes).",
-                   "expanding the keys and values to n_heads copies them (repeat_interleave, expand followed by "
-                   "reshape, or a matmul that broadcasts k over a group axis, which expands it internally): during "
-                   "generation that is a copy of the whole cache at every step. Move the group into the query axis "
-                   "instead, so that each key matrix is multiplied once: q as (B, n_kv_heads, group * T_q, d_head), "
-                   "the mask regrouped the same way.")
+            _expect_small(largest, expanded if n_kv < H else math.inf, label, f"the keys expanded to all {H} query "
+                          f"heads ({expanded:,} bytes)", "expanding the keys and values to n_heads copies them (repeat_interleave, expand followed by "
+                          "reshape, or a matmul that broadcasts k over a group axis, which expands it internally): "
+                          "during generation that is a copy of the whole cache at every step. Move the group into the "
+                          "query axis instead, so that each key matrix is multiplied once: q as (B, n_kv_heads, "
+                          "group * T_q, d_head), the mask regrouped the same way.")
 
 # ----------------------------------------------------------------------------- exercise 6
 
@@ -877,11 +881,11 @@ def check_sliding_window_attention(sliding_window_attention, scaled_dot_product_
                         (ref(extra=-1) if window > 1 else None, f"off by one: each query sees window = {window} keys, "
                          "itself included (keys i - window + 1 .. i), not window - 1."),
                         (ref(scale="none"), "the scores were not scaled: divide them by sqrt(d_k).")])
-            small = 2 * window * max(d_k, d_v, 1) >= T or largest.nbytes < math.prod(batch) * T * T * q.element_size()
-            _expect_no_full_matrix(small, "sliding_window_attention", largest, T, T, "sliding-window attention needs "
-                                   f"only (T, window) = ({T}, {window}) scores: gather, for each query, its window of "
-                                   "keys (pad window - 1 positions before the sequence, then unfold), never the (T, T) "
-                                   "matrix.")
+            full = math.prod(batch) * T * T * q.element_size()
+            _expect_small(largest, math.inf if 2 * window * max(d_k, d_v, 1) >= T else full, "sliding_window_attention",
+                          _full_matrix(T, T), f"sliding-window attention needs only (T, window) = ({T}, {window}) "
+                          "scores: gather, for each query, its window of keys (pad window - 1 positions before the "
+                          "sequence, then unfold), never the (T, T) matrix.")
 
 # ----------------------------------------------------------------------------- exercise 8
 
@@ -951,15 +955,13 @@ def check_chunked_linear_attention(chunked_linear_attention, hidden: bool = Fals
                 variants=[(when(lambda got, kw=kw: _matches_where_stable(got, q, k, v, kw)), hint)
                           for kw, hint in _chunked_variants(C)])
         n_batch, elem = math.prod(batch), q.element_size()
-        expect(not (C < T and largest.nbytes >= n_batch * T * d_k * d_v * elem and d_k * d_v > 2 * max(d_k, d_v, C)),
-               f"chunked_linear_attention ({label}) created a tensor of {largest.nbytes:,} bytes (in {largest.op}), "
-               f"as large as the prefix sums S_i of every position, (T, d_k, d_v) = ({T}, {d_k}, {d_v}).",
-               "keep one running state S (d_k, d_v) and z (d_k,) from chunk to chunk (or one per chunk), not one "
-               "per position: that is what chunking saves over cumsum.")
-        _expect_no_full_matrix(not (C < T // 2 and largest.nbytes >= n_batch * T * T * elem),
-                               "chunked_linear_attention", largest, T, T, "only the (chunk_size, chunk_size) "
-                               "products inside one chunk are quadratic; earlier chunks enter through the state S = "
-                               "sum phi(k_j) v_j^T.")
+        prefix_sums = n_batch * T * d_k * d_v * elem if C < T and d_k * d_v > 2 * max(d_k, d_v, C) else math.inf
+        _expect_small(largest, prefix_sums, label, f"the prefix sums S_i of every position, (T, d_k, d_v) = ({T}, "
+                      f"{d_k}, {d_v})", "keep one running state S (d_k, d_v) and z (d_k,) from chunk to chunk (or one "
+                      "per chunk), not one per position: that is what chunking saves over cumsum.")
+        _expect_small(largest, n_batch * T * T * elem if C < T // 2 else math.inf, label, _full_matrix(T, T), "only "
+                      "the (chunk_size, chunk_size) products inside one chunk are quadratic; earlier chunks enter "
+                      "through the state S = sum phi(k_j) v_j^T.")
     # Causality as a property: changing late keys and values changes no earlier output.
     q, k, v = (d.randn(2, 24, 4) for _ in range(3))
     a, b = (run(q, k + shift, v - 2 * shift, 8)[0] for shift in (0.0, (torch.arange(24) >= 13).float()[:, None]))
@@ -1091,15 +1093,13 @@ def _check_flash_case(fn, d, batch, T_q, T_k, d_k, d_v, qb, kb, causal, spread) 
                 (lambda: _flash_ref(q * math.sqrt(d_k), k, v, causal)[1].float(), "the log-sum-exp is of the scaled "
                  "scores q . k / sqrt(d_k), the ones the softmax sees.")], tol=(atol * 10, 1e-5))
     n_batch, elem = math.prod(batch), q.element_size()
-    _expect_no_full_matrix(kb >= T_k or largest.nbytes < n_batch * T_q * T_k * elem, "flash_attention", largest, T_q,
-                           T_k, "compute the scores one (q_block, k_block) tile at a time and fold each into the "
-                           "running statistics.")
+    _expect_small(largest, n_batch * T_q * T_k * elem if kb < T_k else math.inf, label, _full_matrix(T_q, T_k),
+                  "compute the scores one (q_block, k_block) tile at a time and fold each into the running statistics.")
     bound = n_batch * T_q * min(kb, T_k) * elem
     others = max(t.untyped_storage().nbytes() for t in (q, k, v)) + n_batch * T_q * max(d_v, 1) * elem
-    expect(not (qb < T_q and bound > others and largest.nbytes >= bound),
-           f"{label} created a tensor of {largest.nbytes:,} bytes (in {largest.op}): the scores of all {T_q} queries "
-           f"against a key tile of {min(kb, T_k)}.", f"the queries were not tiled: take the queries q_block = {qb} at "
-           "a time (an outer loop), so that one tile of scores is (q_block, k_block).")
+    _expect_small(largest, bound if qb < T_q and bound > others else math.inf, label, f"the scores of all {T_q} "
+                  f"queries against a key tile of {min(kb, T_k)}", f"the queries were not tiled: take the queries "
+                  f"q_block = {qb} at a time (an outer loop), so that one tile of scores is (q_block, k_block).")
 
 
 def _check_flash_merge(fn, d) -> None:

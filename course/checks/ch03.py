@@ -441,13 +441,11 @@ def check_decoder_mask(decoder_mask, hidden: bool = False) -> None:
         label = (f"decoder_mask(key_is_real of shape {(B, k_len)} with {how}, q_len={q_len}) "
                  f"(the queries are positions {k_len - q_len} .. {k_len - 1})")
         got = call_on_copies(decoder_mask, real, q_len, name=label, hint="build a new tensor.")
-        expect(isinstance(got, torch.Tensor) and got.dtype == torch.bool,
-               f"{label} should return a bool tensor, got {getattr(got, 'dtype', type(got).__name__)}.",
-               "combine comparisons of positions with & so that the result stays boolean.")
-        expect(tuple(got.shape) != (B, q_len, k_len) or (B, q_len) == (1, 1), f"{label} has shape "
+        expect(tuple(getattr(got, "shape", ())) != (B, q_len, k_len) or (B, q_len) == (1, 1), f"{label} has shape "
                f"{tuple(got.shape)}, expected {(B, 1, q_len, k_len)}.", "the mask needs a head axis of size 1, "
                "(B, 1, q_len, k_len), so that it broadcasts against scores of shape (B, n_heads, q_len, k_len).")
-        expect_tensor(got, (B, 1, q_len, k_len), label)
+        expect_tensor_of(got, (B, 1, q_len, k_len), torch.bool, label, "combine comparisons of positions with & so "
+                         "that the result stays boolean.")
         compare(got, _decoder_mask_oracle(real, q_len), label, "True where key j is real and j <= k_len - q_len + i "
                 "(query i's position), for every sequence.", variants=_decoder_mask_variants(real, q_len))
 

@@ -20,8 +20,8 @@ import torch.nn.functional as F
 from ._core import CheckFailed, call, earlier_answers, earlier_first, expect_tensor, forbid, judge_prediction
 from ._core import one_thread as _one_thread
 from ._recorders import LargestTensor as _LargestTensor
-from ._vocabulary import (call_on_copies, compare, diagnose, draw, expect, expect_tensor_of, fail, judge_configured,
-                          matches, passes, when)
+from ._vocabulary import (call_on_copies, compare, diagnose, draw, expect, expect_tensor_of, expect_tuple, fail,
+                          judge_configured, matches, passes, when)
 
 # ----------------------------------------------------------------------------- helpers
 
@@ -1041,9 +1041,9 @@ def _flash_variants(q, k, v, q_block, k_block, causal) -> list:
 def _run_flash(fn, q, k, v, q_block, k_block, causal, label):
     got, largest = _run(fn, q, k, v, q_block, k_block, causal=causal, name="flash_attention",
                         exercise="tiled attention")
-    expect(isinstance(got, (tuple, list)) and len(got) == 2, f"{label} returned {type(got).__name__}, expected a "
-           "tuple (out, lse).", "return the output and the log-sum-exp of each query's scores: `return out, lse`.")
-    return got[0], got[1], largest
+    out, lse = expect_tuple(got, "out, lse", label, "return the output and the log-sum-exp of each query's scores: "
+                            "`return out, lse`.")
+    return out, lse, largest
 
 
 @_one_thread
@@ -1238,9 +1238,8 @@ def _check_step_case(fn, d, B, H, n_kv, dh, T_past, T_new, vocab, base, dtype) -
     got, _ = _run(fn, ids, emb, w_q, w_k, w_v, w_o, H, n_kv, k_cache, v_cache, base, name="decoder_attention_step",
                   exercise="the attention step", hint="build new tensors (torch.cat makes the new cache); do not write "
                   "into the inputs.")
-    expect(isinstance(got, (tuple, list)) and len(got) == 3, f"{label} returned {type(got).__name__}, expected a "
-           "tuple (y, k_cache, v_cache).", "return three tensors: the layer's output and the two grown caches.")
-    y, new_k, new_v = got
+    y, new_k, new_v = expect_tuple(got, "y, k_cache, v_cache", label, "return three tensors: the layer's output and "
+                                   "the two grown caches.")
     for name, t, shape in (("output", y, (B, T_new, d_model)), ("new k_cache", new_k, (B, n_kv, T_past + T_new, dh)),
                            ("new v_cache", new_v, (B, n_kv, T_past + T_new, dh))):
         expect_tensor_of(t, shape, dtype, f"the {name} of {label}", "keep the dtype of the weights: create every new "

@@ -94,7 +94,8 @@ def _drawn_softmax_case(d) -> tuple:
     shape = tuple(d.rng.randrange(1, 7) for _ in range(d.rng.randrange(1, 4)))
     dim = d.rng.randrange(-len(shape), len(shape))
     scale, offset = d.rng.choice([1.0, 10.0, 30.0]), d.rng.choice([0.0, 200.0, -500.0, 1000.0])
-    return d.randn(*shape) * scale + offset, dim, f"a {shape} input (scale {scale:g}, offset {offset:g}) along dim={dim}"
+    what = f"a {shape} input (scale {scale:g}, offset {offset:g}) along dim={dim}"
+    return d.randn(*shape) * scale + offset, dim, what
 
 
 @_one_thread
@@ -152,9 +153,9 @@ def _nan_variants(q, mask) -> list:
         (when(lambda got: q.dtype in _HALF_TOLERANCE and nan(got)), f"the fill value became -inf in {q.dtype}: a "
          "constant such as -1e9 overflows float16 (its largest magnitude is 65504), and a fully masked row then gives "
          "NaN. Fill with torch.finfo(scores.dtype).min."),
-        (when(lambda got: nan(got) and mask is not None and bool((~mask).all(dim=-1).any())), "a fully masked row gives "
-         "NaN: filled with -inf, the row's maximum is -inf and the softmax's shift computes -inf - (-inf) = NaN. Fill "
-         "with torch.finfo(scores.dtype).min and set the weights of masked positions to 0 after the softmax; the "
+        (when(lambda got: nan(got) and mask is not None and bool((~mask).all(dim=-1).any())), "a fully masked row "
+         "gives NaN: filled with -inf, the row's maximum is -inf and the softmax's shift computes -inf - (-inf) = NaN. "
+         "Fill with torch.finfo(scores.dtype).min and set the weights of masked positions to 0 after the softmax; the "
          "contract asks for zero weights and a zero output in such a row."),
         (when(nan), "the output contains NaN: check the fill value and that the softmax runs over the last axis."),
     ]
@@ -687,11 +688,12 @@ def check_grouped_query_attention(grouped_query_attention, scaled_dot_product_at
                          "the mask was ignored: pass it, regrouped like the queries, to the attention.")])
             expanded = B * H * T_k * dh * q.element_size()
             _expect_small(largest, expanded if n_kv < H else math.inf, label, f"the keys expanded to all {H} query "
-                          f"heads ({expanded:,} bytes)", "expanding the keys and values to n_heads copies them (repeat_interleave, expand followed by "
-                          "reshape, or a matmul that broadcasts k over a group axis, which expands it internally): "
-                          "during generation that is a copy of the whole cache at every step. Move the group into the "
-                          "query axis instead, so that each key matrix is multiplied once: q as (B, n_kv_heads, "
-                          "group * T_q, d_head), the mask regrouped the same way.")
+                          f"heads ({expanded:,} bytes)", "expanding the keys and values to n_heads copies them "
+                          "(repeat_interleave, expand followed by reshape, or a matmul that broadcasts k over a group "
+                          "axis, which expands it internally): during generation that is a copy of the whole cache at "
+                          "every step. Move the group into the query axis instead, so that each key matrix is "
+                          "multiplied once: q as (B, n_kv_heads, group * T_q, d_head), the mask regrouped the same "
+                          "way.")
 
 # ----------------------------------------------------------------------------- exercise 6
 
@@ -944,7 +946,8 @@ def check_chunked_linear_attention(chunked_linear_attention, hidden: bool = Fals
     cases = [((2,), 96, 6, 6, 16, f32), ((1, 2), 50, 4, 5, 8, f32), ((1,), 40, 4, 4, 8, f64)]
     for batch, T, d_k, d_v, C, dtype, q, k, v in _blockwise_cases(d, cases + extra, (20, 120), (3, 9),
                                                                    lambda T: (2, max(3, T // 3))):
-        label = f"chunked_linear_attention(q, k, v, chunk_size={C}) for q {(*batch, T, d_k)}, d_v={d_v}, {str(dtype)[6:]}"
+        label = (f"chunked_linear_attention(q, k, v, chunk_size={C}) for q {(*batch, T, d_k)}, d_v={d_v}, "
+                 f"{str(dtype)[6:]}")
         got, largest = run(q, k, v, C)
         expect_tensor_of(got, (*batch, T, d_v), dtype, label, "keep the dtype of q.")
         compare(got, _linear_ref(q, k, v).to(dtype), label, "out_i = phi(q_i) . S_i / (phi(q_i) . z_i) with S_i = "
@@ -1196,9 +1199,9 @@ def _step_variants(oracle, T_past: int, T_new: int, cache_ok: bool) -> list:
         ("interleaved", True, False, "RoPE was applied with interleaved pairs (x_2j, x_2j+1); this model uses the "
          "half-split pairing of chapter 2, entry j with entry j + d_head/2 (rotate_half)."),
         ("values_rotated", False, False, "the values were rotated: RoPE rotates only queries and keys."),
-        ("top_left", False, True, f"the causal mask is aligned to the top left: new query t is at position {T_past} + t "
-         "and sees every cached key and the new keys up to itself (your decoder_mask of exercise 3 with q_len = T_new "
-         "gives this)."),
+        ("top_left", False, True, f"the causal mask is aligned to the top left: new query t is at position {T_past} + "
+         "t and sees every cached key and the new keys up to itself (your decoder_mask of exercise 3 with q_len = "
+         "T_new gives this)."),
         ("w_o_untransposed", False, False, "w_o is stored like nn.Linear's weight, (d_model, n_heads * d_head): apply "
          "it as out @ w_o.T, as for w_q, w_k and w_v."),
     ]]

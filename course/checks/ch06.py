@@ -1536,7 +1536,7 @@ def check_paged_kv_cache(PagedKVCache, hidden: bool = False) -> None:
                        "create k_pool and v_pool in __init__ as (num_blocks, block_size, n_kv_heads, d_head) "
                        "tensors of the dtype given.")
             _run_workload(cache, label, ops, d.sub(f"tokens{i}"), shape, dtype)
-        _check_out_of_blocks(PagedKVCache)
+        _check_out_of_blocks(PagedKVCache, d.sub("full"))
 
 
 def _traces(ops: list, size: int, num_blocks: int) -> dict[str, list[tuple]]:
@@ -1696,22 +1696,26 @@ def _check_contents(cache, where: str, tables: dict, keys: dict) -> None:
                      "to v_pool." if part == 1 else _WHERE), tol=(0.0, 0.0))
 
 
-def _check_out_of_blocks(PagedKVCache) -> None:
-    """A pool of 3 blocks of 2: five tokens fill it but for one slot; the sixth token fits, a seventh does not."""
-    cache = call(PagedKVCache, 3, 2, 1, 2, dtype=torch.float32, name="PagedKVCache(3, 2, 1, 2)")
-    kv = lambda n: (torch.ones(n, 1, 2), torch.ones(n, 1, 2))  # noqa: E731
-    call(cache.append, 0, *kv(5), name="PagedKVCache(3, 2, 1, 2).append(0, 5 tokens)")
-    call(cache.append, 0, *kv(1), name="PagedKVCache(3, 2, 1, 2).append(0, 1 token) into the last free slot")
-    try:
-        cache.append(1, *kv(1))
-    except NotImplementedError as err:
-        raise _core.not_written(err, "PagedKVCache.append") from err
-    except Exception as err:  # noqa: BLE001 - judged below
-        expect(isinstance(err, RuntimeError), f"PagedKVCache(3, 2, 1, 2) with every block held: append(1, 1 token) "
-               f"raised {type(err).__name__}, expected RuntimeError.", _NO_BLOCK)
-        return
-    fail("PagedKVCache(3, 2, 1, 2) with every block held: append(1, 1 token) returned, but no block was free.",
-         _NO_BLOCK)
+def _check_out_of_blocks(PagedKVCache, d) -> None:
+    """A pool of num_blocks blocks filled but for one slot: one more token fits, a new sequence does not."""
+    num_blocks, size = (d.rng.randrange(2, 5), d.rng.randrange(2, 6)) if d.hidden else (3, 2)
+    label, full = f"PagedKVCache({num_blocks}, {size}, 1, 2)", num_blocks * size
+    cache = call(PagedKVCache, num_blocks, size, 1, 2, dtype=torch.float32, name=label)
+    steps = ((0, full - 1, "nothing", f"{num_blocks} blocks of {size} hold {full} tokens"),
+             (0, 1, f"{full - 1} tokens of sequence 0", "the last block of sequence 0 has a free slot"),
+             (1, 1, f"{full} tokens of sequence 0", None))
+    for seq, n, before, why in steps:
+        what = f"{label} holding {before}: append({seq}, {n} token{'s' * (n > 1)})"
+        try:
+            cache.append(seq, torch.ones(n, 1, 2), torch.ones(n, 1, 2))
+        except NotImplementedError as err:
+            raise _core.not_written(err, f"{label}.append") from err
+        except Exception as err:  # noqa: BLE001 - judged here
+            expect(why is None and isinstance(err, RuntimeError), f"{what} raised {type(err).__name__}: "
+                   f"{_core.capped(str(err), 200)}" + (f", but {why}." if why else ", expected RuntimeError."),
+                   _NO_BLOCK)
+            return
+        expect(why is not None, f"{what} returned, but every block was held.", _NO_BLOCK)
 
 
 def _row_keys(pool: torch.Tensor, row: torch.Tensor, layout: str = "ok") -> torch.Tensor:

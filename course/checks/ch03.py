@@ -1243,6 +1243,11 @@ def _check_step_case(fn, d, B, H, n_kv, dh, T_past, T_new, vocab, base, dtype) -
                   "into the inputs.")
     y, new_k, new_v = expect_tuple(got, "y, k_cache, v_cache", label, "return three tensors: the layer's output and "
                                    "the two grown caches.")
+    for name, t, what in (("k_cache", new_k, "keys"), ("v_cache", new_v, "values")):
+        expect(not (isinstance(t, torch.Tensor) and t.dim() == 4 and t.shape[-2] == T_past),
+               f"the new {name} of {label} holds {T_past} positions, as many as before the step.",
+               f"the {name} came back as it was given: append the new tokens' {what} to it (torch.cat along dim -2) "
+               "and return the grown cache.")
     for name, t, shape in (("output", y, (B, T_new, d_model)), ("new k_cache", new_k, (B, n_kv, T_past + T_new, dh)),
                            ("new v_cache", new_v, (B, n_kv, T_past + T_new, dh))):
         expect_tensor_of(t, shape, dtype, f"the {name} of {label}", "keep the dtype of the weights: create every new "
@@ -1260,6 +1265,10 @@ def _check_step_case(fn, d, B, H, n_kv, dh, T_past, T_new, vocab, base, dtype) -
             "w.T split into heads; rotate q and k at positions T_past + t; append to the caches; grouped-query "
             "attention (query head h uses kv head h // group) with a bottom-right causal mask; merge heads; @ w_o.T.",
             variants=variants)
+    v_new = F.linear(F.embedding(ids, emb.double()), w_v.double()).view(B, T_new, n_kv, dh).transpose(1, 2)
+    compare(new_v, torch.cat((v_cache.double(), v_new), -2).to(dtype), f"the new v_cache of {label}",
+            "the new v_cache must be cat((v_cache, v_new), dim=-2): the cached values, then the new tokens' values "
+            "(x @ w_v.T split into kv heads, not rotated), so that the next step sees them.")
 
 # ----------------------------------------------------------------------------- exercise 11
 

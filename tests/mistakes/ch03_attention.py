@@ -368,6 +368,15 @@ MISTAKES = [
             "    mask = decoder_mask(torch.ones(B, T_past + T_new, dtype=torch.bool, device=ids.device), T_new)",
             "    mask = torch.ones(T_new, T_past + T_new, dtype=torch.bool, device=ids.device).tril()",
             BOTH["ex10"], "aligned to the top left"),
+    # the grown values kept under another name, the cache given back as it came (the output is right)
+    Mistake("step_v_cache_not_returned", "ex10_answer",
+            "k_cache, v_cache = torch.cat((k_cache, k), dim=-2), torch.cat((v_cache, v), dim=-2)\n"
+            "    mask = decoder_mask(torch.ones(B, T_past + T_new, dtype=torch.bool, device=ids.device), T_new)\n"
+            "    out = grouped_query_attention(q, k_cache, v_cache, mask)",
+            "k_cache, values = torch.cat((k_cache, k), dim=-2), torch.cat((v_cache, v), dim=-2)\n"
+            "    mask = decoder_mask(torch.ones(B, T_past + T_new, dtype=torch.bool, device=ids.device), T_new)\n"
+            "    out = grouped_query_attention(q, k_cache, values, mask)",
+            BOTH["ex10"], "the v_cache came back as it was given"),
     Mistake("step_w_o_not_transposed", "ex10_answer",
             "reshape(B, T_new, n_heads * d_head) @ w_o.T", "reshape(B, T_new, n_heads * d_head) @ w_o",
             BOTH["ex10"], "apply it as out @ w_o.T"),

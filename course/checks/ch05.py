@@ -26,7 +26,8 @@ import torch.nn.utils.clip_grad
 
 from ._core import (CheckFailed, call, earlier_answers, earlier_first, expect_tensor, forbid, judge_prediction, own_fault,
                     unmeasured)
-from ._vocabulary import TOLERANCE, Draw, compare, diagnose, draw, expect, fail, judge_configured, matches, when
+from ._vocabulary import (TOLERANCE, Draw, compare, diagnose, draw, expect, expect_number, expect_tuple, fail,
+                          judge_configured, matches, variants_of, when)
 
 # ----------------------------------------------------------------------------- shared models
 
@@ -53,9 +54,8 @@ def _cat(tensors) -> torch.Tensor:
 
 # ----------------------------------------------------------------------------- exercise 1
 
-_CE_BUILTINS = ((F, "cross_entropy"), (F, "nll_loss"), (F, "log_softmax"), (F, "softmax"),
-                (torch, "log_softmax"), (torch, "logsumexp"), (torch, "softmax"), (torch.special, "log_softmax"),
-                (torch.special, "logsumexp"))
+_CE_BUILTINS = ((F, "cross_entropy"), (F, "nll_loss"), (F, "log_softmax"), (F, "softmax"), (torch, "log_softmax"),
+                (torch, "logsumexp"), (torch, "softmax"), (torch.special, "log_softmax"), (torch.special, "logsumexp"))
 
 
 def _ce_oracle(logits, targets, ignore_index, eps, z_coef):
@@ -70,8 +70,8 @@ def _ce_oracle(logits, targets, ignore_index, eps, z_coef):
     return loss
 
 
-def _ce_variant(logits, targets, ignore_index, eps, variant, z_coef=0.0):
-    """Hand-written losses, each with one known mistake (used to name it), in the logits' dtype."""
+def _ce_variant(logits, targets, ignore_index, eps, z_coef, variant):
+    """The loss with one known mistake (:data:`_CE_HINTS`), computed in float64, returned in the logits' dtype."""
     V = logits.shape[-1]
     z, t = logits.reshape(-1, V).double(), targets.reshape(-1)
     keep = t != ignore_index
@@ -112,21 +112,34 @@ _CE_HINTS = [
     ("z_on_ignored", "the z-loss term, too, counts only kept positions: average (log Z)**2 over the positions whose "
                      "target is not ignore_index."),
 ]
+_CE_OVERFLOW = (when(lambda value: not torch.isfinite(value)), "exp overflowed: subtract each row's maximum before exp "
+                "(the log-sum-exp trick); the result does not change, and exp never sees a positive number.")
 
 
-def _ce_visible(d: Draw) -> list:
-    """(logits, targets, ignore_index, label_smoothing, z_loss, what) of the visible tests."""
+def _ce_cases(d: Draw) -> list:
+    """(logits, targets, ignore_index, label_smoothing, z_loss, what): the visible tests; hidden, drawn ones and
+    extremes (logits near 5000 with padding, large negative logits, float64)."""
     t = torch.tensor([[1, 4, 0], [2, -100, 3]])
     huge = torch.tensor([[1000.0, 0.0, -1000.0], [0.0, 1001.0, 1000.0]])
-    return [(d.randn(2, 3, 5), t, -100, 0.0, 0.0, "(B, T, V) = (2, 3, 5) logits, one padded target"),
-            (d.randn(6, 7), torch.arange(6), -100, 0.0, 0.0, "(N, V) logits"),
-            (d.randn(2, 3, 5), t, -100, 0.1, 0.0, "label_smoothing=0.1"),
-            (huge, torch.tensor([0, 2]), -100, 0.0, 0.0, "logits of size 1000"),
-            (d.randn(2, 3, 5), torch.tensor([[1, 0, 4], [0, 2, 3]]), 0, 0.2, 0.0,
-             "ignore_index=0 (also a class id) with label_smoothing=0.2"),
-            (d.randn(2, 3, 5) * 3 + 4, t, -100, 0.0, 0.01, "z_loss=0.01, one padded target"),
-            (torch.cat([huge, torch.full((1, 3), 5.0)]), torch.tensor([0, 2, -100]), -100, 0.1, 1e-4,
-             "logits of size 1000, z_loss=1e-4, label_smoothing=0.1")]
+    cases = d.cases([(d.randn(2, 3, 5), t, -100, 0.0, 0.0, "(B, T, V) = (2, 3, 5) logits, one padded target"),
+                     (d.randn(6, 7), torch.arange(6), -100, 0.0, 0.0, "(N, V) logits"),
+                     (d.randn(2, 3, 5), t, -100, 0.1, 0.0, "label_smoothing=0.1"),
+                     (huge, torch.tensor([0, 2]), -100, 0.0, 0.0, "logits of size 1000"),
+                     (d.randn(2, 3, 5), torch.tensor([[1, 0, 4], [0, 2, 3]]), 0, 0.2, 0.0,
+                      "ignore_index=0 (also a class id) with label_smoothing=0.2"),
+                     (d.randn(2, 3, 5) * 3 + 4, t, -100, 0.0, 0.01, "z_loss=0.01, one padded target"),
+                     (torch.cat([huge, torch.full((1, 3), 5.0)]), torch.tensor([0, 2, -100]), -100, 0.1, 1e-4,
+                      "logits of size 1000, z_loss=1e-4, label_smoothing=0.1")], _ce_drawn, 3)
+    if not d.hidden:
+        return cases
+    V = d.rng.randrange(3, 12)
+    padded = d.randint(0, V, (4, 5))
+    padded[:, -2:] = -1                                 # several padded positions, a custom ignore_index
+    return cases + [(d.randn(4, 5, V) * 20 + 5000, padded, -1, 0.2, 1e-6,
+                     "logits near 5000 with padding, label_smoothing=0.2 and z_loss=1e-6"),
+                    (-d.uniform(0, 1e4, 3, V), d.randint(0, V, (3,)), -100, 0.0, 0.0, "large negative logits"),
+                    (d.randn(5, V, dtype=torch.float64) + 2, d.randint(0, V, (5,)), -100, 0.1, 0.01,
+                     "float64 logits, z_loss=0.01")]
 
 
 def _ce_drawn(d: Draw) -> tuple:
@@ -140,21 +153,9 @@ def _ce_drawn(d: Draw) -> tuple:
             f"(B, T, V) = {(B, T, V)}, ignore_index={pad}, label_smoothing={eps}, z_loss={zc}")
 
 
-def _ce_extremes(d: Draw) -> list:
-    V = d.rng.randrange(3, 12)
-    padded = d.randint(0, V, (4, 5))
-    padded[:, -2:] = -1                                 # several padded positions, a custom ignore_index
-    return [(d.randn(4, 5, V) * 20 + 5000, padded, -1, 0.2, 1e-6,
-             "logits near 5000 with padding, label_smoothing=0.2 and z_loss=1e-6"),
-            (-d.uniform(0, 1e4, 3, V), d.randint(0, V, (3,)), -100, 0.0, 0.0, "large negative logits"),
-            (d.randn(5, V, dtype=torch.float64) + 2, d.randint(0, V, (5,)), -100, 0.1, 0.01, "float64 logits, z_loss=0.01")]
-
-
 def check_cross_entropy(cross_entropy, hidden: bool = False) -> None:
-    d = draw("cross_entropy", hidden)
-    cases = d.cases(_ce_visible(d), _ce_drawn, 3) + (_ce_extremes(d) if hidden else [])
-    for logits, targets, ignore_index, eps, z, what in cases:
-        leaf = logits.clone().requires_grad_(True)
+    for logits, targets, ignore_index, eps, z, what in _ce_cases(draw("cross_entropy", hidden)):
+        leaf, ref = logits.clone().requires_grad_(True), logits.clone().requires_grad_(True)
         with forbid(*_CE_BUILTINS, exercise="cross-entropy"):
             got = call(cross_entropy, leaf, targets.clone(), ignore_index, eps, name="cross_entropy",
                        **({"z_loss": z} if z else {}))
@@ -164,24 +165,18 @@ def check_cross_entropy(cross_entropy, hidden: bool = False) -> None:
                f"{str(got.dtype)[6:]} loss.", "return the loss in the logits' dtype, as F.cross_entropy does: "
                "a float64 copy of float32 logits doubles the memory of the largest tensor of a training step "
                "(N x V), and its gradient flows back in float64.")
-        want = _ce_oracle(logits, targets, ignore_index, eps, z)
-        # A loss of logits near 5000 carries their rounding: the tolerance grows with the loss.
-        base = TOLERANCE[want.dtype][0]
+        want = _ce_oracle(ref, targets, ignore_index, eps, z)
+        base = TOLERANCE[want.dtype][0]      # a loss of logits near 5000 carries their rounding: tolerance grows with it
         compare(got.detach().reshape(()), want, f"cross_entropy on {what} (F.cross_entropy"
                 f"{' + z_loss * mean (log Z)**2' if z else ''})",
-                "loss = mean over kept positions of -(log p of the target), with log p = z - logsumexp(z).", variants=[
-                    (when(lambda value: not torch.isfinite(value)),
-                     "exp overflowed: subtract each row's maximum before exp (the log-sum-exp trick); the result "
-                     "does not change, and exp never sees a positive number."),
-                    *((lambda v=v: _ce_variant(logits, targets, ignore_index, eps, v, z), text)
-                      for v, text in _CE_HINTS)],
+                "loss = mean over kept positions of -(log p of the target), with log p = z - logsumexp(z).",
+                [_CE_OVERFLOW, *variants_of(lambda v: _ce_variant(logits, targets, ignore_index, eps, z, v), _CE_HINTS)],
                 tol=(base * max(1.0, abs(want.item())), base * 10))
         # The gradient must flow back to the logits, and equal PyTorch's.
         expect(got.requires_grad, f"cross_entropy on {what} carries no gradient.",
                "do not detach, and do not call .item() inside the loss: training needs its gradient.")
         got.backward()
-        ref = logits.clone().requires_grad_(True)
-        _ce_oracle(ref, targets, ignore_index, eps, z).backward()
+        want.backward()
         expect(leaf.grad is not None, "no gradient reached the logits.", "compute the loss from the logits tensor itself.")
         compare(leaf.grad, ref.grad, f"the gradient of cross_entropy on {what}",
                 "ignored positions must get zero gradient; only the mean over kept positions counts.")
@@ -212,13 +207,12 @@ def _random_batch_cases(d: Draw) -> list:
 
 def check_random_batch(random_batch, hidden: bool = False) -> None:
     for tokens, B, T, seed in _random_batch_cases(draw("random_batch", hidden)):
-        got = call(random_batch, tokens.clone(), B, T, torch.Generator().manual_seed(seed), name="random_batch")
-        expect(isinstance(got, (tuple, list)) and len(got) == 2, "random_batch should return a pair (x, y).",
-               "return x, y.")
         what = f"random_batch(tokens of length {len(tokens)}, batch_size={B}, block_size={T})"
-        x, y = expect_tensor(got[0], (B, T), f"x of {what}"), expect_tensor(got[1], (B, T), f"y of {what}")
+        x, y = expect_tuple(call(random_batch, tokens.clone(), B, T, torch.Generator().manual_seed(seed),
+                                 name="random_batch"), "x, y", what, "return x, y.")
+        xy = torch.stack([expect_tensor(x, (B, T), f"x of {what}"), expect_tensor(y, (B, T), f"y of {what}")])
         want_x, want_y = _batch_from(tokens, B, T, seed)
-        compare(torch.stack([x, y]), torch.stack([want_x, want_y]), f"the windows (x, y) of {what}",
+        compare(xy, torch.stack([want_x, want_y]), f"the windows (x, y) of {what}",
                 "draw the batch_size starts with one call of torch.randint on the generator, from 0 to the last start "
                 "whose targets fit (randint's upper bound is excluded), and make no other draw from it; then take "
                 "the windows tokens[s : s+T] and tokens[s+1 : s+T+1].", variants=[
@@ -235,18 +229,8 @@ def check_random_batch(random_batch, hidden: bool = False) -> None:
                      "x is right but y is not: y = tokens[s+1 : s+T+1] for each start s.")])
 
 
-def _sequential_oracle(tokens, B, T) -> list:
-    """[(x, y)] as lists: the windows at 0, T, 2T, ... whose targets fit, batch_size per batch."""
-    windows = [(tokens[s:s + T].tolist(), tokens[s + 1:s + T + 1].tolist()) for s in range(0, len(tokens) - T, T)]
-    return [([x for x, _ in windows[i:i + B]], [y for _, y in windows[i:i + B]]) for i in range(0, len(windows), B)]
-
-
-def _windows(batches: list) -> list:
-    return [row for x, _ in batches for row in x]
-
-
-def _sequential_variants(tokens, B, T, got: list, want: list) -> list:
-    gw, ww = _windows(got), _windows(want)
+def _sequential_variants(tokens, B, T, gw: list, ww: list, got: list, want: list) -> list:
+    """The known slips, given the windows of the batches returned (``gw``) and expected (``ww``)."""
     return [
         (when(lambda _: len(got) == len(want) - 1 and gw == ww[:len(gw)] and len(want[-1][0]) < B),
          "the last, smaller batch was dropped: when the windows do not divide into batches evenly, the last batch "
@@ -276,12 +260,15 @@ def check_sequential_batches(sequential_batches, hidden: bool = False) -> None:
         what = f"sequential_batches(tokens of length {len(tokens)}, batch_size={B}, block_size={T})"
         expect(isinstance(got, (list, tuple)) and all(isinstance(b, (list, tuple)) and len(b) == 2 for b in got),
                f"{what} should return a list of (x, y) pairs.", "collect the batches in a list.")
+        # as lists: the windows at 0, T, 2T, ... whose targets fit, batch_size per batch
         got = [(x.tolist(), y.tolist()) for x, y in got]
-        want = _sequential_oracle(tokens, B, T)
-        compare(got, want, f"{what} ({len(got)} batches holding {len(_windows(got))} windows, expected {len(want)} "
-                f"holding {len(_windows(want))})",
-                "x holds the windows tokens[s : s+T] for s = 0, T, 2T, ... and y the same windows one token on; "
-                "group batch_size of them per batch, in order.", variants=_sequential_variants(tokens, B, T, got, want))
+        windows = [(tokens[s:s + T].tolist(), tokens[s + 1:s + T + 1].tolist()) for s in range(0, len(tokens) - T, T)]
+        want = [([x for x, _ in windows[i:i + B]], [y for _, y in windows[i:i + B]]) for i in range(0, len(windows), B)]
+        gw, ww = [row for x, _ in got for row in x], [x for x, _ in windows]
+        compare(got, want, f"{what} ({len(got)} batches holding {len(gw)} windows, expected {len(want)} holding "
+                f"{len(ww)})", "x holds the windows tokens[s : s+T] for s = 0, T, 2T, ... and y the same windows one "
+                "token on; group batch_size of them per batch, in order.",
+                variants=_sequential_variants(tokens, B, T, gw, ww, got, want))
 
 # ----------------------------------------------------------------------------- exercise 3
 
@@ -327,18 +314,18 @@ class AdamProblem(nn.Module):
         return loss.detach()
 
 
+
 def _adamw_variant(problem: AdamProblem, steps: int, opts: dict, variant: str) -> torch.Tensor:
-    """A hand-written AdamW with one known mistake; returns the final parameters."""
-    groups = [dict(gr) for gr in problem] if not problem.plain else [{"params": list(problem)}]
-    state, counter = {}, [0]
-    for call_index in range(steps):
+    """A hand-written AdamW with one known mistake (:data:`_ADAMW_HINTS`); returns the final parameters."""
+    groups = [{"params": list(problem)}] if problem.plain else [dict(gr) for gr in problem]
+    state, updates = {}, 0
+    for call_index in range(1, steps + 1):
         problem()
         with torch.no_grad():
             for gr in groups:
-                lr = opts["lr"] if variant in ("defaults_only", "group_lr_ignored") else gr.get("lr", opts["lr"])
-                wd = opts["weight_decay"] if variant == "defaults_only" else gr.get("weight_decay", opts["weight_decay"])
-                b1, b2 = gr.get("betas", opts["betas"]) if variant != "defaults_only" else opts["betas"]
-                eps = opts["eps"]
+                own = {} if variant == "defaults_only" else gr           # the group's settings, or none of them
+                lr = opts["lr"] if variant == "group_lr_ignored" else own.get("lr", opts["lr"])
+                wd, (b1, b2) = own.get("weight_decay", opts["weight_decay"]), own.get("betas", opts["betas"])
                 for p in gr["params"]:
                     if p.grad is None:
                         if variant == "decay_unused":
@@ -347,21 +334,16 @@ def _adamw_variant(problem: AdamProblem, steps: int, opts: dict, variant: str) -
                     if variant == "fresh_state" or p not in state:
                         state[p] = [0, torch.zeros_like(p), torch.zeros_like(p)]
                     s = state[p]
-                    counter[0] += 1
-                    s[0] += 1
-                    t = {"global_counter": counter[0], "step_counter": call_index + 1}.get(variant, s[0])
+                    updates, s[0] = updates + 1, s[0] + 1
+                    t = {"global_counter": updates, "step_counter": call_index}.get(variant, s[0])
                     grad = p.grad + wd * p if variant == "l2" else p.grad
-                    if variant == "decay_without_lr":
-                        p.mul_(1 - wd)
-                    elif variant != "l2":
-                        p.mul_(1 - lr * wd)
+                    if variant != "l2":
+                        p.mul_(1 - wd if variant == "decay_without_lr" else 1 - lr * wd)
                     s[1].mul_(b1).add_(grad, alpha=1 - b1)
                     s[2].mul_(b2).addcmul_(grad, grad, value=1 - b2)
-                    if variant == "no_bias_correction":
-                        m_hat, v_hat = s[1], s[2]
-                    else:
-                        m_hat, v_hat = s[1] / (1 - b1 ** t), s[2] / (1 - b2 ** t)
-                    denom = (v_hat + eps).sqrt() if variant == "eps_inside" else v_hat.sqrt() + eps
+                    m_hat, v_hat = (s[1], s[2]) if variant == "no_bias_correction" else \
+                        (s[1] / (1 - b1 ** t), s[2] / (1 - b2 ** t))
+                    denom = (v_hat + opts["eps"]).sqrt() if variant == "eps_inside" else v_hat.sqrt() + opts["eps"]
                     p.sub_(lr * m_hat / denom)
     return _cat(problem.parameters())
 
@@ -389,50 +371,62 @@ _ADAMW_HINTS = [
 ]
 # A float32 AdamW written another way drifts from PyTorch's by up to ~1e-5 over 100 steps.
 _ADAMW_TOL = (2e-5, 1e-4)
-
-
-def _adamw_student(AdamW, problem: AdamProblem, opts: dict, steps: int, what: str) -> dict[int, torch.Tensor]:
-    """The parameters after some of ``steps`` steps of your AdamW: step number -> (n_params,)."""
-    with forbid(*_ADAMW_BUILTINS, exercise="AdamW"):
-        opt = call(AdamW, problem, **opts, name="AdamW(...)")
-        step = getattr(opt, "step", None)
-        expect(step is not None, "your AdamW has no step method.", "define step(self, closure=None).")
-        snapshots = {}
-        for i in range(1, steps + 1):
-            try:
-                call(step, problem, name="AdamW.step")
-            except CheckFailed as err:
-                if "does not require grad" in err.what:
-                    fail(f"{what}: AdamW.step(closure) raised when it ran the closure: its backward found no "
-                         "gradient to compute.", "step runs under @torch.no_grad(), so call the closure inside "
-                         "`with torch.enable_grad():` (the closure computes a loss and calls backward).")
-                raise
-            if i in (1, 2, 10, steps):
-                snapshots[i] = _cat(problem.parameters())
-    return snapshots
-
-
-def _adamw_case(AdamW, make, opts, steps, what):
-    got = _adamw_student(AdamW, make(), opts, steps, what)
-    problem = make()
-    reference = torch.optim.AdamW(list(problem), **opts)
-    for i in range(1, steps + 1):
-        reference.step(problem)
-        if i in got:
-            compare(got[i], _cat(problem.parameters()), f"{what}: the parameters after {i} step(s), against PyTorch's",
-                    "follow the update of torch.optim.AdamW: p *= 1 - lr*wd; m = b1 m + (1-b1) g; "
-                    "v = b2 v + (1-b2) g^2; p -= lr * m_hat / (sqrt(v_hat) + eps).",
-                    variants=[(lambda v=v, n=i: _adamw_variant(make(), n, opts, v), text) for v, text in _ADAMW_HINTS],
-                    tol=_ADAMW_TOL)
-
-
-# The calls of the protocol case: what the optimizer is asked, in order (a closure's step computes gradients).
-_PROTOCOL = ("step(closure)", "step() (no closure: the gradients the closure left in .grad)",
-             "zero_grad() then step() (no gradient: nothing may change)", "step(closure) again")
+# The calls of the protocol case, in order: (what each asks, how it is made, given the optimizer, the closure
+# and a zero_grad); a closure's step computes the gradients.
+_PROTOCOL = (("step(closure)", lambda opt, closure, zero_grad: opt.step(closure)),
+             ("step() (no closure: the gradients the closure left in .grad)", lambda opt, closure, zero_grad: opt.step()),
+             ("zero_grad() then step() (no gradient: nothing may change)",
+              lambda opt, closure, zero_grad: (zero_grad(opt), opt.step())[1]),
+             ("step(closure) again", lambda opt, closure, zero_grad: opt.step(closure)))
+# PyTorch's zero_grad, and the known slips of one.
+_ZERO_GRAD = {"none": lambda opt: opt.zero_grad(set_to_none=True), "zeros": lambda opt: opt.zero_grad(set_to_none=False),
+              "kept": lambda opt: None}
 _ZERO_GRAD_HINTS = {"kept": "zero_grad() must set every parameter's .grad to None: after it, step() found the old "
                             "gradients and updated the parameters again.",
                     "zeros": "zero_grad() sets .grad to None, not to zeros: a zero gradient still counts as a step "
                              "(the decay, the moments and the step count change), a None one is skipped."}
+
+
+def _adamw_step(run, what: str, said: str = "step(closure)"):
+    """One call of your AdamW's step, ``said`` naming it; a step that mishandles its closure is named as such."""
+    try:
+        return call(run, name="AdamW.step")
+    except CheckFailed as err:
+        if "does not require grad" in err.what:
+            fail(f"{what}: AdamW.step(closure) raised when it ran the closure: its backward found no gradient to "
+                 "compute.", "step runs under @torch.no_grad(), so call the closure inside `with torch.enable_grad():` "
+                 "(the closure computes a loss and calls backward).")
+        if said.startswith(("step()", "zero_grad()")) and "not callable" in err.what:
+            fail(f"{what}: {said} raised: it called the closure, which was None.", "step() may be called without a "
+                 "closure (the training loop of exercise 9 does): call the closure only when one is given, and "
+                 "otherwise update from the .grad already there.")
+        raise
+
+
+def _adamw_case(AdamW, make, opts: dict, steps: int, what: str) -> None:
+    """``steps`` steps of your AdamW on the problem ``make`` builds, against PyTorch's after steps 1, 2, 10 and the last."""
+    problem, got = make(), {}
+    with forbid(*_ADAMW_BUILTINS, exercise="AdamW"):
+        opt = call(AdamW, problem, **opts, name="AdamW(...)")
+        expect(getattr(opt, "step", None) is not None, "your AdamW has no step method.", "define step(self, closure=None).")
+        for i in range(1, steps + 1):
+            _adamw_step(lambda: opt.step(problem), what)
+            if i in (1, 2, 10, steps):
+                got[i] = _cat(problem.parameters())
+    reference = make()
+    optimizer = torch.optim.AdamW(list(reference), **opts)
+    for i in range(1, steps + 1):
+        optimizer.step(reference)
+        if i in got:
+            compare(got[i], _cat(reference.parameters()), f"{what}: the parameters after {i} step(s), against PyTorch's",
+                    "follow the update of torch.optim.AdamW: p *= 1 - lr*wd; m = b1 m + (1-b1) g; "
+                    "v = b2 v + (1-b2) g^2; p -= lr * m_hat / (sqrt(v_hat) + eps).",
+                    variants_of(lambda v: _adamw_variant(make(), i, opts, v), _ADAMW_HINTS), tol=_ADAMW_TOL)
+
+
+def _protocol(opt, problem: AdamProblem, zero_grad=lambda opt: opt.zero_grad(), run=lambda step, said: step()) -> list:
+    """(what each call of :data:`_PROTOCOL` returned, the parameters after it)."""
+    return [(run(lambda: step(opt, problem, zero_grad), said), _cat(problem.parameters())) for said, step in _PROTOCOL]
 
 
 def _number(value):
@@ -443,49 +437,23 @@ def _number(value):
         return value
 
 
-def _torch_protocol(make, opts: dict, zero_grad: str = "none") -> tuple[list[torch.Tensor], list]:
-    """PyTorch's AdamW through :data:`_PROTOCOL`: (parameters after each call, what each step returned);
-    ``zero_grad`` "kept" or "zeros" replays a known slip."""
-    problem = make()
-    opt = torch.optim.AdamW(list(problem), **opts)
-    calls = [lambda: opt.step(problem), lambda: opt.step(),
-             lambda: (opt.zero_grad(set_to_none=True) if zero_grad == "none" else
-                      opt.zero_grad(set_to_none=False) if zero_grad == "zeros" else None, opt.step())[1],
-             lambda: opt.step(problem)]
-    out, returned = [], []
-    for run in calls:
-        returned.append(run())
-        out.append(_cat(problem.parameters()))
-    return out, returned
-
-
 def _adamw_protocol(AdamW, make, opts: dict, what: str) -> None:
     """The rules around the update: step() without a closure uses the gradients in .grad, zero_grad()
     leaves them None (a step after it changes nothing), step(closure) returns the closure's loss."""
-    problem, got = make(), []
+    problem = make()
     with forbid(*_ADAMW_BUILTINS, exercise="AdamW"):
         opt = call(AdamW, problem, **opts, name="AdamW(...)")
-        calls = [lambda: opt.step(problem), lambda: opt.step(), lambda: (opt.zero_grad(), opt.step())[1],
-                 lambda: opt.step(problem)]
-        for run, said in zip(calls, _PROTOCOL):
-            try:
-                got.append((call(run, name="AdamW.step"), _cat(problem.parameters())))
-            except CheckFailed as err:
-                if len(got) in (1, 2) and "not callable" in err.what:
-                    fail(f"{what}: {said} raised: it called the closure, which was None.",
-                         "step() may be called without a closure (the training loop of exercise 9 does): call "
-                         "the closure only when one is given, and otherwise update from the .grad already there.")
-                raise
-    want, losses = _torch_protocol(make, opts)      # PyTorch's, outside the block that forbids it
-    for k, ((returned, params), said) in enumerate(zip(got, _PROTOCOL)):
+        got = _protocol(opt, problem, run=lambda step, said: _adamw_step(step, what, said))
+    pytorch = lambda zero_grad: _protocol(torch.optim.AdamW(list(p := make()), **opts), p, _ZERO_GRAD[zero_grad])  # noqa: E731
+    want = pytorch("none")                     # outside the block that forbids it
+    for k, ((returned, params), (said, _)) in enumerate(zip(got, _PROTOCOL)):
         if k in (0, 3):
-            compare(_number(returned), float(losses[k]), f"{what}: the value {said} returned",
+            compare(_number(returned), float(want[k][0]), f"{what}: the value {said} returned",
                     "step(closure) returns what the closure returns (the loss); step() without one returns None.",
                     tol=_ADAMW_TOL)
-        compare(params, want[k], f"{what}: the parameters after {said}, against PyTorch's",
-                "step() without a closure updates from the gradients already in .grad.", variants=[
-                    (lambda v=v, n=k: _torch_protocol(make, opts, v)[0][n], text)
-                    for v, text in _ZERO_GRAD_HINTS.items()], tol=_ADAMW_TOL)
+        compare(params, want[k][1], f"{what}: the parameters after {said}, against PyTorch's",
+                "step() without a closure updates from the gradients already in .grad.",
+                variants_of(lambda v: pytorch(v)[k][1], _ZERO_GRAD_HINTS.items()), tol=_ADAMW_TOL)
 
 
 def _adamw_drawn(d: Draw, k: int) -> tuple:

@@ -23,11 +23,12 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 import torch.nn.utils.clip_grad
+from torch.utils._pytree import tree_leaves
 
 from ._core import (CheckFailed, call, earlier_answers, earlier_first, expect_tensor, forbid, judge_prediction, own_fault,
                     unmeasured)
-from ._vocabulary import (TOLERANCE, Draw, compare, diagnose, draw, expect, expect_number, expect_tuple, fail,
-                          judge_configured, matches, variants_of, when)
+from ._vocabulary import (TOLERANCE, Draw, call_on_copies, compare, diagnose, draw, expect, expect_number,
+                          expect_tuple, fail, judge_configured, matches, passes, variants_of, when)
 
 # ----------------------------------------------------------------------------- shared models
 
@@ -166,11 +167,12 @@ def check_cross_entropy(cross_entropy, hidden: bool = False) -> None:
                "a float64 copy of float32 logits doubles the memory of the largest tensor of a training step "
                "(N x V), and its gradient flows back in float64.")
         want = _ce_oracle(ref, targets, ignore_index, eps, z)
-        base = TOLERANCE[want.dtype][0]      # a loss of logits near 5000 carries their rounding: tolerance grows with it
+        base = TOLERANCE[want.dtype][0]      # logits near 5000 carry their rounding: the tolerance grows with the loss
         compare(got.detach().reshape(()), want, f"cross_entropy on {what} (F.cross_entropy"
                 f"{' + z_loss * mean (log Z)**2' if z else ''})",
                 "loss = mean over kept positions of -(log p of the target), with log p = z - logsumexp(z).",
-                [_CE_OVERFLOW, *variants_of(lambda v: _ce_variant(logits, targets, ignore_index, eps, z, v), _CE_HINTS)],
+                [_CE_OVERFLOW, *variants_of(lambda v: _ce_variant(logits, targets, ignore_index, eps, z, v),
+                                            _CE_HINTS)],
                 tol=(base * max(1.0, abs(want.item())), base * 10))
         # The gradient must flow back to the logits, and equal PyTorch's.
         expect(got.requires_grad, f"cross_entropy on {what} carries no gradient.",
@@ -371,26 +373,26 @@ _ADAMW_HINTS = [
 ]
 # A float32 AdamW written another way drifts from PyTorch's by up to ~1e-5 over 100 steps.
 _ADAMW_TOL = (2e-5, 1e-4)
-# The calls of the protocol case, in order: (what each asks, how it is made, given the optimizer, the closure
-# and a zero_grad); a closure's step computes the gradients.
+# The calls of the protocol case, in order: (what each asks, how it is made from the optimizer, the closure and
+# a zero_grad); a closure's step computes the gradients.
 _PROTOCOL = (("step(closure)", lambda opt, closure, zero_grad: opt.step(closure)),
-             ("step() (no closure: the gradients the closure left in .grad)", lambda opt, closure, zero_grad: opt.step()),
+             ("step() (no closure: the gradients the closure left in .grad)", lambda opt, *_: opt.step()),
              ("zero_grad() then step() (no gradient: nothing may change)",
               lambda opt, closure, zero_grad: (zero_grad(opt), opt.step())[1]),
              ("step(closure) again", lambda opt, closure, zero_grad: opt.step(closure)))
 # PyTorch's zero_grad, and the known slips of one.
-_ZERO_GRAD = {"none": lambda opt: opt.zero_grad(set_to_none=True), "zeros": lambda opt: opt.zero_grad(set_to_none=False),
-              "kept": lambda opt: None}
+_ZERO_GRAD = {"none": lambda opt: opt.zero_grad(set_to_none=True),
+              "zeros": lambda opt: opt.zero_grad(set_to_none=False), "kept": lambda opt: None}
 _ZERO_GRAD_HINTS = {"kept": "zero_grad() must set every parameter's .grad to None: after it, step() found the old "
                             "gradients and updated the parameters again.",
                     "zeros": "zero_grad() sets .grad to None, not to zeros: a zero gradient still counts as a step "
                              "(the decay, the moments and the step count change), a None one is skipped."}
 
 
-def _adamw_step(run, what: str, said: str = "step(closure)"):
+def _adamw_step(what: str, run, *args, said: str = "step(closure)"):
     """One call of your AdamW's step, ``said`` naming it; a step that mishandles its closure is named as such."""
     try:
-        return call(run, name="AdamW.step")
+        return call(run, *args, name="AdamW.step")
     except CheckFailed as err:
         if "does not require grad" in err.what:
             fail(f"{what}: AdamW.step(closure) raised when it ran the closure: its backward found no gradient to "
@@ -404,13 +406,14 @@ def _adamw_step(run, what: str, said: str = "step(closure)"):
 
 
 def _adamw_case(AdamW, make, opts: dict, steps: int, what: str) -> None:
-    """``steps`` steps of your AdamW on the problem ``make`` builds, against PyTorch's after steps 1, 2, 10 and the last."""
+    """``steps`` steps of your AdamW on the problem ``make`` builds, against PyTorch's after steps 1, 2, 10, last."""
     problem, got = make(), {}
     with forbid(*_ADAMW_BUILTINS, exercise="AdamW"):
         opt = call(AdamW, problem, **opts, name="AdamW(...)")
-        expect(getattr(opt, "step", None) is not None, "your AdamW has no step method.", "define step(self, closure=None).")
+        expect(getattr(opt, "step", None) is not None, "your AdamW has no step method.",
+               "define step(self, closure=None).")
         for i in range(1, steps + 1):
-            _adamw_step(lambda: opt.step(problem), what)
+            _adamw_step(what, opt.step, problem)
             if i in (1, 2, 10, steps):
                 got[i] = _cat(problem.parameters())
     reference = make()
@@ -418,7 +421,8 @@ def _adamw_case(AdamW, make, opts: dict, steps: int, what: str) -> None:
     for i in range(1, steps + 1):
         optimizer.step(reference)
         if i in got:
-            compare(got[i], _cat(reference.parameters()), f"{what}: the parameters after {i} step(s), against PyTorch's",
+            compare(got[i], _cat(reference.parameters()),
+                    f"{what}: the parameters after {i} step(s), against PyTorch's",
                     "follow the update of torch.optim.AdamW: p *= 1 - lr*wd; m = b1 m + (1-b1) g; "
                     "v = b2 v + (1-b2) g^2; p -= lr * m_hat / (sqrt(v_hat) + eps).",
                     variants_of(lambda v: _adamw_variant(make(), i, opts, v), _ADAMW_HINTS), tol=_ADAMW_TOL)
@@ -443,9 +447,12 @@ def _adamw_protocol(AdamW, make, opts: dict, what: str) -> None:
     problem = make()
     with forbid(*_ADAMW_BUILTINS, exercise="AdamW"):
         opt = call(AdamW, problem, **opts, name="AdamW(...)")
-        got = _protocol(opt, problem, run=lambda step, said: _adamw_step(step, what, said))
-    pytorch = lambda zero_grad: _protocol(torch.optim.AdamW(list(p := make()), **opts), p, _ZERO_GRAD[zero_grad])  # noqa: E731
-    want = pytorch("none")                     # outside the block that forbids it
+        got = _protocol(opt, problem, run=lambda step, said: _adamw_step(what, step, said=said))
+
+    def pytorch(zero_grad: str) -> list:     # outside the block that forbids it
+        return _protocol(torch.optim.AdamW(list(fresh := make()), **opts), fresh, _ZERO_GRAD[zero_grad])
+
+    want = pytorch("none")
     for k, ((returned, params), (said, _)) in enumerate(zip(got, _PROTOCOL)):
         if k in (0, 3):
             compare(_number(returned), float(want[k][0]), f"{what}: the value {said} returned",
@@ -496,11 +503,8 @@ def check_adamw(AdamW, hidden: bool = False) -> None:
 class _GroupsModel(nn.Module):
     def __init__(self, tied: bool = True):
         super().__init__()
-        self.tok = nn.Embedding(11, 8)
-        self.pos = nn.Embedding(6, 8)
-        self.fc = nn.Linear(8, 8)
-        self.ln = nn.LayerNorm(8)
-        self.head = nn.Linear(8, 11, bias=False)
+        self.tok, self.pos, self.fc = nn.Embedding(11, 8), nn.Embedding(6, 8), nn.Linear(8, 8)
+        self.ln, self.head = nn.LayerNorm(8), nn.Linear(8, 11, bias=False)
         if tied:
             self.head.weight = self.tok.weight
 
@@ -511,11 +515,8 @@ class _GroupsTables(nn.Module):
 
     def __init__(self, d: int = 8, heads: int = 2, rows: int = 6):
         super().__init__()
-        self.tok = nn.Embedding(13, d)
-        self.pos = nn.Parameter(torch.zeros(rows, d))
-        self.attn = nn.MultiheadAttention(d, heads)
-        self.ln = nn.LayerNorm(d)
-        self.head = nn.Linear(d, 13)
+        self.tok, self.pos = nn.Embedding(13, d), nn.Parameter(torch.zeros(rows, d))
+        self.attn, self.ln, self.head = nn.MultiheadAttention(d, heads), nn.LayerNorm(d), nn.Linear(d, 13)
 
 
 class _GroupsDrawn(nn.Module):
@@ -546,33 +547,31 @@ def _groups_case(param_groups, model: nn.Module, wd: float) -> None:
            f"the groups have weight_decay {decay.get('weight_decay')} and {plain.get('weight_decay')}, expected "
            f"{wd} (the argument) and 0.0.",
            "set 'weight_decay' in each dict: the first group gets the weight_decay passed in, the second 0.0.")
-    params = list(model.parameters())
-    ids = [id(p) for g in groups for p in g["params"]]
-    named = {id(p): (n, p) for n, p in model.named_parameters()}
-    embeddings = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)}
-    linear_weights = {id(m.weight) for m in model.modules() if isinstance(m, nn.Linear)}
+    params, ids = list(model.parameters()), [id(p) for g in groups for p in g["params"]]
     expect(len(ids) == len(set(ids)), "a parameter appears twice in the groups.",
            "a tied weight is one Parameter: model.parameters() lists it once; build the groups from that list "
            "(named_modules visits it once per module that holds it).")
     expect(set(ids) == {id(p) for p in params},
            f"the groups hold {len(set(ids))} distinct parameters, the model has {len(params)}.",
            "every parameter of the model goes in exactly one of the two groups.")
+    named = {id(p): (n, p) for n, p in model.named_parameters()}
+    embeddings = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)}
+    linear = {id(m.weight) for m in model.modules() if isinstance(m, nn.Linear)}
     decayed = {id(p) for p in decay["params"]}
-    expect(not decayed & embeddings, "an embedding table is in the decayed group.",
-           "this course does not decay embeddings, even when the table is tied to the output layer (a convention: "
-           "nanoGPT decays every matrix, embeddings included; decide per module type, not by ndim alone).")
-    flat = sorted(named[i][0] for i in decayed - linear_weights if named[i][1].ndim < 2)
-    expect(not flat, f"LayerNorm parameters or biases are in the decayed group ({', '.join(flat[:4])}).",
-           "decay only matrices of nn.Linear layers: biases and norm gains are 1-D and should not be pulled to 0.")
-    other = sorted(named[i][0] for i in decayed - linear_weights)
-    expect(not other, f"2-D parameters that are not nn.Linear weights are in the decayed group "
-                      f"({', '.join(other[:4])}).",
-           "decide by the module, not by the shape: only the weights of nn.Linear layers are decayed; a bare "
-           "nn.Parameter (a position table) or nn.MultiheadAttention's in_proj_weight stays in the second group.")
-    missing = sorted(named[i][0] for i in linear_weights - embeddings - decayed)
-    expect(not missing, f"nn.Linear weights are missing from the decayed group ({', '.join(missing[:4])}).",
-           "every nn.Linear weight that is not also an embedding table is decayed, subclasses of nn.Linear too "
-           "(nn.MultiheadAttention's out_proj): test with isinstance, not type(...) is nn.Linear.")
+    for wrong, what, hint in [
+            (decayed & embeddings, "an embedding table is in the decayed group.",
+             "this course does not decay embeddings, even when the table is tied to the output layer (a convention: "
+             "nanoGPT decays every matrix, embeddings included; decide per module type, not by ndim alone)."),
+            ({i for i in decayed - linear if named[i][1].ndim < 2},
+             "LayerNorm parameters or biases are in the decayed group ({}).",
+             "decay only matrices of nn.Linear layers: biases and norm gains are 1-D and should not be pulled to 0."),
+            (decayed - linear, "2-D parameters that are not nn.Linear weights are in the decayed group ({}).",
+             "decide by the module, not by the shape: only the weights of nn.Linear layers are decayed; a bare "
+             "nn.Parameter (a position table) or nn.MultiheadAttention's in_proj_weight stays in the second group."),
+            (linear - embeddings - decayed, "nn.Linear weights are missing from the decayed group ({}).",
+             "every nn.Linear weight that is not also an embedding table is decayed, subclasses of nn.Linear too "
+             "(nn.MultiheadAttention's out_proj): test with isinstance, not type(...) is nn.Linear.")]:
+        expect(not wrong, what.format(", ".join(sorted(named[i][0] for i in wrong)[:4])), hint)
 
 
 def check_param_groups(param_groups, hidden: bool = False) -> None:
@@ -666,21 +665,18 @@ def check_lr_at(lr_at, hidden: bool = False, stable_phase: bool = True) -> None:
         rng = draw("lr_at", hidden).rng
         configs += [(3e-4, 0.0, 0, 20, None), (3e-4, 3e-5, 0, 20, 5)]     # no warm-up; no warm-up, stable, decay
         for _ in range(4):
-            max_lr = float(f"{10 ** rng.uniform(-5, 0):.3g}")
-            warmup = rng.randrange(1, 40)
+            max_lr, warmup = float(f"{10 ** rng.uniform(-5, 0):.3g}"), rng.randrange(1, 40)
             max_steps = warmup + rng.randrange(2, 200)
             decay = rng.choice([None, 0, rng.randrange(1, max_steps - warmup + 1)])
             configs.append((max_lr, max_lr * rng.choice([0.0, 0.01, 0.1, 0.5]), warmup, max_steps, decay))
     configs = [c for c in configs if c[-1] is None] + [c for c in configs if c[-1] is not None and stable_phase]
     for max_lr, min_lr, warmup, max_steps, decay_steps in configs:
         for step in range(0, max_steps + 15):
-            got = _lr_call(lr_at, step, max_lr, min_lr, warmup, max_steps, decay_steps)
-            expect(isinstance(got, (int, float)) and not isinstance(got, bool),
-                   f"lr_at returned {type(got).__name__}, expected a float.",
-                   "return a Python float (math.cos, not torch.cos).")
-            compare(got, float(_lr_oracle(step, max_lr, min_lr, warmup, max_steps, decay_steps)),
-                    f"lr_at({step}, max_lr={max_lr}, min_lr={min_lr}, warmup_steps={warmup}, max_steps={max_steps}"
-                    + (")" if decay_steps is None else f", decay_steps={decay_steps})"),
+            shown = (f"lr_at({step}, max_lr={max_lr}, min_lr={min_lr}, warmup_steps={warmup}, max_steps={max_steps}"
+                     + (")" if decay_steps is None else f", decay_steps={decay_steps})"))
+            got = expect_number(_lr_call(lr_at, step, max_lr, min_lr, warmup, max_steps, decay_steps), shown,
+                                "return a Python float (math.cos, not torch.cos).")
+            compare(got, float(_lr_oracle(step, max_lr, min_lr, warmup, max_steps, decay_steps)), shown,
                     _LR_HINT if decay_steps is None else _LR_HINT_STABLE,
                     variants=_lr_variants(step, max_lr, min_lr, warmup, max_steps, decay_steps))
 
@@ -748,30 +744,29 @@ def _check_clip_norm(norm, grads, max_norm, want_norm, what) -> None:
 
 
 def _check_clipped(clipped, grads, max_norm, want, want_norm, what) -> None:
-    expect(isinstance(clipped, (list, tuple)) and len(clipped) == len(grads),
-           f"clip_grad_norm on {what} returned {len(clipped) if isinstance(clipped, (list, tuple)) else '?'} "
-           f"gradients, expected {len(grads)}.",
+    n = len(clipped) if isinstance(clipped, (list, tuple)) else "?"
+    expect(n == len(grads), f"clip_grad_norm on {what} returned {n} gradients, expected {len(grads)}.",
            "one gradient out per gradient in, in the same order: a None gradient stays None in its place "
            "(the list lines up with the parameters).")
     for i, (c, t) in enumerate(zip(clipped, grads)):
         expect((c is None) == (t is None) and (t is None or isinstance(c, torch.Tensor)),
                f"clip_grad_norm on {what}: entry {i} was {'None' if t is None else 'a tensor'} and came back as "
                f"{type(c).__name__}.", "a None gradient stays None in its place; every other entry is a tensor.")
-        expect(t is None or (c.dtype == t.dtype and tuple(c.shape) == tuple(t.shape)),
-               f"clip_grad_norm on {what}: entry {i} came back as {getattr(c, 'dtype', None)} "
-               f"{tuple(getattr(c, 'shape', ()))}, expected {getattr(t, 'dtype', None)} {tuple(getattr(t, 'shape', ()))}.",
-               "each clipped gradient keeps its own dtype and shape: compute the norm in float32, but "
-               "multiply each gradient by the factor in its own dtype (g * factor).")
+        expect(t is None or (c.dtype == t.dtype and c.shape == t.shape), f"clip_grad_norm on {what}: entry {i} came "
+               f"back as {getattr(c, 'dtype', None)} {tuple(getattr(c, 'shape', ()))}, expected "
+               f"{getattr(t, 'dtype', None)} {tuple(getattr(t, 'shape', ()))}.", "each clipped gradient keeps its own "
+               "dtype and shape: compute the norm in float32, but multiply each gradient by the factor in its own "
+               "dtype (g * factor).")
     present = [(c, w, t) for c, w, t in zip(clipped, want, grads) if t is not None]
+    variants = [(when(lambda _: want_norm < max_norm and not all(matches(c, t, (1e-7, 1e-2)) for c, _, t in present)),
+                 "gradients whose global norm is already below max_norm must be left unchanged: never scale up."),
+                (when(lambda _: len(present) > 1 and all(float(c.double().norm()) <= max_norm * (1 + 1e-2)
+                                                         for c, _, _ in present)),
+                 "each tensor was clipped on its own: clip by the global norm of all gradients together, "
+                 "multiplying every gradient by the same factor max_norm / (norm + 1e-6).")]
     for c, w, t in present:
         compare(c, w, f"the clipped gradients on {what}, against clip_grad_norm_'s",
-                "multiply every gradient by min(1, max_norm / (norm + 1e-6)).", variants=[
-                    (when(lambda _: want_norm < max_norm and not all(matches(c2, t2, (1e-7, 1e-2)) for c2, _, t2 in present)),
-                     "gradients whose global norm is already below max_norm must be left unchanged: never scale up."),
-                    (when(lambda _: len(present) > 1 and all(float(c2.double().norm()) <= max_norm * (1 + 1e-2)
-                                                             for c2, _, _ in present)),
-                     "each tensor was clipped on its own: clip by the global norm of all gradients together, "
-                     "multiplying every gradient by the same factor max_norm / (norm + 1e-6).")],
+                "multiply every gradient by min(1, max_norm / (norm + 1e-6)).", variants,
                 # the factor comes from a float32 norm: a float64 gradient is clipped to float32's precision
                 tol=(1e-6, 1e-6) if t.dtype == torch.float64 else None)
 
@@ -781,21 +776,20 @@ def check_clip_grad_norm(clip_grad_norm, hidden: bool = False) -> None:
         with forbid(*_CLIP_BUILTINS, exercise="global-norm clipping"):
             got = call(clip_grad_norm, [None if t is None else t.clone() for t in grads], max_norm,
                        name="clip_grad_norm")
-        expect(isinstance(got, (tuple, list)) and len(got) == 2, "clip_grad_norm should return (clipped, norm).",
-               "return the list of clipped gradients and the norm.")
+        clipped, norm = expect_tuple(got, "clipped, norm", f"clip_grad_norm on {what}",
+                                     "return the list of clipped gradients and the norm.")
         want, want_norm = _clip_oracle(grads, max_norm)
-        _check_clip_norm(got[1], grads, max_norm, want_norm, what)
-        _check_clipped(got[0], grads, max_norm, want, want_norm, what)
+        _check_clip_norm(norm, grads, max_norm, want_norm, what)
+        _check_clipped(clipped, grads, max_norm, want, want_norm, what)
 
 # ----------------------------------------------------------------------------- exercise 7
 
-def _accumulated_oracle(model, micro_batches):
-    x = torch.cat([mx for mx, _ in micro_batches])
-    y = torch.cat([my for _, my in micro_batches])
+def _accumulated_oracle(model, micro_batches) -> torch.Tensor:
+    """The gradients (flattened, concatenated) of one backward pass over the whole batch."""
+    x, y = (torch.cat(parts) for parts in zip(*micro_batches))
     model.zero_grad()
-    logits = model(x)
-    F.cross_entropy(logits.flatten(0, 1), y.flatten(), ignore_index=-100).backward()
-    return [p.grad.clone() for p in model.parameters()]
+    F.cross_entropy(model(x).flatten(0, 1), y.flatten(), ignore_index=-100).backward()
+    return _cat(p.grad.clone() for p in model.parameters())
 
 
 def _kept(micro_batches) -> int:
@@ -803,7 +797,7 @@ def _kept(micro_batches) -> int:
 
 
 def _accum_variant(model, micro_batches, variant) -> torch.Tensor:
-    """The gradients (flattened, concatenated) of accumulation with one known mistake."""
+    """The gradients (flattened, concatenated) of accumulation with one known mistake (:data:`_ACCUM_HINTS`)."""
     model = copy.deepcopy(model)
     model.zero_grad()
     total, count = _kept(micro_batches), sum(my.numel() for _, my in micro_batches)
@@ -825,15 +819,9 @@ _ACCUM_HINTS = [
 ]
 _ONLY_LAST = ("only the last micro-batch's gradient survived: zero the gradients once before the loop, never between "
               "micro-batches; backward adds into .grad.")
-
-
-def _accum_variants(reference, micro) -> list:
-    last = lambda: _accum_variant(reference, micro[-1:], "token")  # noqa: E731
-    return [*((lambda v=v: _accum_variant(reference, micro, v), text) for v, text in _ACCUM_HINTS),
-            (lambda: last() * (_kept(micro[-1:]) / _kept(micro)), _ONLY_LAST), (last, _ONLY_LAST),
-            (when(lambda got: not got.abs().max() > 0),
-             "no gradient was accumulated: the micro-batches come from an iterator that can be read only once (a data "
-             "loader), so count the tokens in the same pass that runs backward.")]
+_ACCUM_NOTHING = (when(lambda got: not got.abs().max() > 0), "no gradient was accumulated: the micro-batches come from "
+                  "an iterator that can be read only once (a data loader), so count the tokens in the same pass that "
+                  "runs backward.")
 
 
 class OnceLoader:
@@ -851,6 +839,7 @@ class OnceLoader:
 
     def __repr__(self) -> str:
         return f"OnceLoader({len(self._items)} micro-batches)"
+
 
 
 class GradsInStateLM(TinyLM):
@@ -878,21 +867,18 @@ class GradsInStateLM(TinyLM):
             self.open_graphs.sub_(1)
 
     def state_dict(self, *args, **kwargs):
-        state = super().state_dict(*args, **kwargs)
-        prefix = kwargs.get("prefix", "")
-        for name, p in self.named_parameters():
-            state[f"{prefix}grad::{name}"] = (p.grad.detach().clone() if p.grad is not None
-                                              else torch.empty(0, dtype=p.dtype))
+        state, prefix = super().state_dict(*args, **kwargs), kwargs.get("prefix", "")
+        state.update({f"{prefix}grad::{name}": torch.empty(0, dtype=p.dtype) if p.grad is None
+                      else p.grad.detach().clone() for name, p in self.named_parameters()})
         return state
 
     def load_state_dict(self, state_dict, strict: bool = True, assign: bool = False):
         state = dict(state_dict)
         grads = {k[len("grad::"):]: state.pop(k) for k in list(state) if k.startswith("grad::")}
         out = super().load_state_dict(state, strict=strict, assign=assign)
-        params = dict(self.named_parameters())
-        for name, g in grads.items():
-            if name in params:
-                params[name].grad = None if g.numel() == 0 else g.clone()
+        for name, p in self.named_parameters():
+            if name in grads:
+                p.grad = None if grads[name].numel() == 0 else grads[name].clone()
         return out
 
 
@@ -901,9 +887,8 @@ def _accum_call(accumulate_gradients, model, micro, want: torch.Tensor, what: st
     with torch.no_grad():
         model.open_graphs.zero_()
         model.most_open_graphs.zero_()
-    weights = _cat(model.parameters())
+    weights, n = _cat(model.parameters()), len(list(model.parameters()))
     got = call(accumulate_gradients, model, OnceLoader(micro), name="accumulate_gradients")
-    n = len(list(model.parameters()))
     expect(isinstance(got, (list, tuple)) and len(got) == n,
            f"accumulate_gradients should return {n} gradients (one per parameter).",
            "return [p.grad.clone() for p in model.parameters()].")
@@ -939,13 +924,17 @@ def check_accumulate_gradients(accumulate_gradients, hidden: bool = False) -> No
             model = GradsInStateLM(V, 8).to(dtype)
         reference = TinyLM(V, 8).to(dtype)
         reference.load_state_dict({k: v for k, v in TinyLM.state_dict(model).items() if not k.endswith("open_graphs")})
-        want = _cat(_accumulated_oracle(reference, micro))
+        want = _accumulated_oracle(reference, micro)
+        last = lambda: _accum_variant(reference, micro[-1:], "token")  # noqa: E731
         what = (f"accumulate_gradients on micro-batches of sizes {sizes} (block_size {T}, some targets -100), read "
                 f"once from an iterator, a {str(dtype)[6:]} model")
         _accum_call(accumulate_gradients, model, micro, want, f"{what}, against one backward pass over the whole batch",
                     "the accumulated gradient must equal the gradient of the mean loss over all target tokens of all "
                     "micro-batches: backward each micro-batch's summed token loss, count the kept tokens as they come, "
-                    "and divide the gradients by the total at the end.", _accum_variants(reference, micro))
+                    "and divide the gradients by the total at the end.",
+                    [*variants_of(lambda v: _accum_variant(reference, micro, v), _ACCUM_HINTS),
+                     (lambda: last() * (_kept(micro[-1:]) / _kept(micro)), _ONLY_LAST), (last, _ONLY_LAST),
+                     _ACCUM_NOTHING])
         _accum_call(accumulate_gradients, model, micro, want, f"{what}, called a second time on the same model",
                     "gradients from the previous call were still there: zero the gradients (model.zero_grad()) before "
                     "the first micro-batch, not only after the step.")
@@ -1036,20 +1025,19 @@ def _scaler_step(scaler, d: Draw, history: list, rule: tuple, what: str) -> None
 
 def check_loss_scaler(DynamicLossScaler, hidden: bool = False) -> None:
     d = draw("loss_scaler", hidden)
-    for init, growth, backoff, interval, events in _scaler_configs(d):
-        rule = (init, growth, backoff, interval)
-        what = (f"DynamicLossScaler(init_scale={init:g}, growth_factor={growth:g}, backoff_factor={backoff:g}, "
-                f"growth_interval={interval})")
+    for *rule, events in _scaler_configs(d):
+        what = ("DynamicLossScaler(init_scale={:g}, growth_factor={:g}, backoff_factor={:g}, growth_interval={})"
+                .format(*rule))
         with forbid(*_SCALER_BUILTINS, exercise="the dynamic loss scaler"):
             scaler = call(DynamicLossScaler, *rule, name="DynamicLossScaler(...)")
-        for i in range(len(events)):
-            history = events[:i + 1]
-            with forbid(*_SCALER_BUILTINS, exercise="the dynamic loss scaler"):
+            for i in range(len(events)):
+                history = events[:i + 1]
                 _scaler_step(scaler, d, history, rule, what)
-            compare(float(scaler.scale), _scale_variant(history, *rule), f"{what}: the scale after the events {history}",
-                    "count consecutive finite steps; when the count reaches growth_interval, multiply the scale by "
-                    "growth_factor and reset the count; an overflow resets it too.",
-                    variants=[(lambda v=v: _scale_variant(history, *rule, v), text) for v, text in _SCALER_HINTS])
+                compare(float(scaler.scale), _scale_variant(history, *rule),
+                        f"{what}: the scale after the events {history}", "count consecutive finite steps; when the "
+                        "count reaches growth_interval, multiply the scale by growth_factor and reset the count; an "
+                        "overflow resets it too.",
+                        variants_of(lambda v: _scale_variant(history, *rule, v), _SCALER_HINTS))
 
 # ----------------------------------------------------------------------------- exercise 9
 
@@ -1074,54 +1062,47 @@ def _train_call(train, model, tokens, steps, rng: Draw, what: str, expected: int
     """Your train on the model, the global RNG (dropout's masks) seeded from ``rng``: (losses, checkpoint)."""
     with rng.seeded():
         out = call(train, model, tokens.clone(), steps, name="train", **kwargs)
-    expect(isinstance(out, (tuple, list)) and len(out) == 2, "train should return (losses, checkpoint).",
-           "return the list of losses and the checkpoint dict.")
-    losses = list(out[0])
+    losses, checkpoint = expect_tuple(out, "losses, checkpoint", "train",
+                                      "return the list of losses and the checkpoint dict.")
+    losses = list(losses)
     expect(len(losses) == expected, f"{what} ran {len(losses)} steps, expected {expected}.",
            "store the step number in the checkpoint and continue from it; with stop_at, the last step run is "
            "stop_at - 1." if "stop_at" in kwargs else "append loss.item() once per step and return the list.")
-    return losses, out[1]
+    return losses, checkpoint
 
 
 class _GoesOn:
-    """The grader's side of :class:`course.goes_on.GoesOn`: whether the kernel negated the model."""
+    """The grader's side of :class:`course.goes_on.GoesOn`, around a call that returns a checkpoint: once it
+    returns, the model's parameters are negated (in the kernel before the checkpoint is sent, when grading;
+    here otherwise), as if training went on; :meth:`restore` puts them back once the checkpoint is saved."""
 
-    def __init__(self) -> None:
-        self.kernel = False
+    def __init__(self, model: nn.Module) -> None:
+        self.model, self.kernel = model, False
 
     def absorb(self, state: dict) -> None:
         self.kernel = self.kernel or bool(isinstance(state, dict) and state.get("touched"))
 
+    @contextlib.contextmanager
+    def around(self):
+        from .. import probe
+        from ..goes_on import negate
 
-@contextlib.contextmanager
-def _training_goes_on(model: nn.Module):
-    """Around a call that returns a checkpoint: once it returns, the model's parameters are negated
-    (in the kernel before the checkpoint is sent, when grading; here otherwise), as if training
-    went on; yields a function that restores the model (call it once the checkpoint is saved)."""
-    from .. import probe
-    from ..goes_on import negate
+        with probe.kernel_context("course.goes_on:GoesOn", owner=self):
+            yield self
+        negate(self.model)                # the kernel's negation came back to our copy: undo it; or do it here
 
-    here = _GoesOn()
-    with probe.kernel_context("course.goes_on:GoesOn", owner=here):
-        restore = []
-        yield lambda: [negate(model) for _ in restore]
-    negate(model)                     # the kernel's negation came back to our copy: undo it; or do it here
-    restore.extend([] if here.kernel else [True])
+    def restore(self) -> None:
+        from ..goes_on import negate
+
+        if not self.kernel:
+            negate(self.model)
 
 
 def _aliased(checkpoint, model: nn.Module) -> bool:
     """Whether the checkpoint holds a parameter as it was after the model was negated: a live tensor."""
     params = [p.detach() for p in model.parameters() if p.detach().abs().sum() > 0]
-    tensors = [t for t in _leaves(checkpoint) if isinstance(t, torch.Tensor) and t.is_floating_point()]
+    tensors = [t for t in tree_leaves(checkpoint) if isinstance(t, torch.Tensor) and t.is_floating_point()]
     return any(t.shape == p.shape and torch.equal(t, -p) and not torch.equal(t, p) for t in tensors for p in params)
-
-
-def _leaves(value) -> list:
-    if isinstance(value, dict):
-        return [x for v in value.values() for x in _leaves(v)]
-    if isinstance(value, (list, tuple)):
-        return [x for v in value for x in _leaves(v)]
-    return [value]
 
 
 def _tiny_lm(d: Draw, vocab: int, dropout: float) -> TinyLM:
@@ -1143,13 +1124,13 @@ def _resume_experiment(train, d: Draw, tokens, vocab, dropout, lr_pair, steps, s
             model = _tiny_lm(d.sub(f"init{k}"), vocab, dropout)      # a fresh model: resuming must restore it
         end = stop if stop is not None else steps
         # after a stop, another global RNG (d.sub("rng{k}")): resuming must restore it
-        with _training_goes_on(model) as restore:
+        with _GoesOn(model).around() as goes_on:
             part, saved = _train_call(train, model, tokens, steps, d.sub(f"rng{k}"),
                                       f"train({'resume_from=<checkpoint of step ' + str(start) + '>, ' if k else ''}"
                                       f"stop_at={stop}) (steps {start} to {end - 1})", end - start,
                                       resume_from=checkpoint, stop_at=stop, **args)
         checkpoint = _round_trip(saved, f"the checkpoint after step {end}")
-        restore()
+        goes_on.restore()
         expect(not _aliased(checkpoint, model), f"the checkpoint after step {end} changed when the model was "
                "trained on after train returned: it holds the model's own tensors.", "state_dict() returns the "
                "model's live tensors, which the next step changes: clone them into the checkpoint "
@@ -1181,7 +1162,7 @@ _TRAIN_HINTS = [
 ]
 
 
-def _reference_losses(model: nn.Module, tokens, vocab, lr_pair, steps, rng: Draw, kw, variant: str = "ok") -> torch.Tensor:
+def _reference_losses(model: nn.Module, tokens, vocab, lr_pair, steps, rng: Draw, kw, variant: str = "ok"):
     """The losses (steps,) of exercise 9's steps on ``model``, run with PyTorch's AdamW and cross-entropy,
     the course's groups (nn.Linear matrices decayed by 0.1, the rest not), the schedule, random_batch's
     draw and the global RNG seeded from ``rng``; or with one known slip (``variant``, used to name it)."""
@@ -1190,7 +1171,8 @@ def _reference_losses(model: nn.Module, tokens, vocab, lr_pair, steps, rng: Draw
                {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)})
     groups = [{"params": [p for p in model.parameters() if id(p) in decayed], "weight_decay": 0.1},
               {"params": [p for p in model.parameters() if id(p) not in decayed], "weight_decay": 0.0}]
-    optimizer = torch.optim.AdamW(groups, lr=lr_pair[0], betas=(0.9, 0.999) if variant == "default_betas" else (0.9, 0.95))
+    optimizer = torch.optim.AdamW(groups, lr=lr_pair[0],
+                                  betas=(0.9, 0.999) if variant == "default_betas" else (0.9, 0.95))
     batches = torch.Generator().manual_seed(options["seed"])      # the run's own, as train makes it
     model.train(variant != "eval_mode")
     losses = []
@@ -1226,9 +1208,9 @@ def _resume_hint(train, d: Draw, tokens, vocab, steps, stops, kw, first_bad: int
         (when(lambda bad: bad < stops[0]), "the run must be a function of its arguments: create the data generator "
                                            "with torch.Generator().manual_seed(seed) inside train, and do not draw "
                                            "from it anywhere else."),
-        (when(lambda _: differs("constant_lr", stops[0])), "the model's weights were not restored: save "
-                                                           "model.state_dict() and load it with model.load_state_dict() "
-                                                           "when resuming."),
+        (when(lambda _: differs("constant_lr", stops[0])),
+         "the model's weights were not restored: save model.state_dict() and load it with model.load_state_dict() "
+         "when resuming."),
         (when(lambda _: differs("constant_lr")), "the optimizer's state was not restored: the moments (exp_avg, "
                                                  "exp_avg_sq) and step counts of every parameter must be saved and "
                                                  "loaded, or the resumed steps differ."),
@@ -1254,6 +1236,11 @@ def _train_resume_setup(d: Draw) -> tuple:
                                          "warmup_steps": rng.randrange(1, 5), "seed": rng.randrange(1000)}
 
 
+def _first_difference(xs: list, ys: list) -> int:
+    """The first index where two runs' losses differ (the shorter one's length when one is a prefix)."""
+    return next((i for i, (a, b) in enumerate(zip(xs, ys)) if a != b), min(len(xs), len(ys)))
+
+
 def _check_train_resume(train, hidden: bool) -> None:
     d = draw("train_resume", hidden)
     tokens, vocab, steps, stops, kw = _train_resume_setup(d)
@@ -1268,7 +1255,7 @@ def _check_train_resume(train, hidden: bool) -> None:
             "follow the spec's step in order: the groups' lr from lr_at(step, ..., num_steps), then the batch from "
             "random_batch with the run's own generator, the loss in train mode, zero_grad, backward, step; the "
             "optimizer is AdamW(param_groups(model, 0.1), lr=max_lr, betas=(0.9, 0.95)).",
-            variants=[(lambda v=v: reference(v), text) for v, text in _TRAIN_HINTS])
+            variants_of(reference, _TRAIN_HINTS))
     if pieces == full and matches(_cat(resumed.parameters()), _cat(full_model.parameters()), (0.0, 0.0)):  # bit for bit
         expect(len(set(full)) > 1, "the losses did not change during training.", "call optimizer.step() every step.")
         expect(_same_data(*first), f"resuming from the checkpoint of step {stops[0]} changed that checkpoint (the "
@@ -1277,7 +1264,7 @@ def _check_train_resume(train, hidden: bool) -> None:
         with forbid(*_ADAMW_BUILTINS, exercise="the training loop with your own AdamW"):
             _check_checkpoint_alone(train, d, tokens, vocab, steps, stops[0], kw, full, first[1])
         return
-    first_bad = next((i for i, (a, b) in enumerate(zip(pieces, full)) if a != b), len(full))
+    first_bad = _first_difference(pieces, full)
     saved_at = max([s for s in stops if s <= first_bad] or stops[:1])
     where = (f"the run stopped at step {stops[0]} gave other losses than the uninterrupted run before stopping"
              if first_bad < stops[0] else
@@ -1339,9 +1326,9 @@ def _check_checkpoint_alone(train, d: Draw, tokens, vocab, steps, stop, kw, full
     held in the kernel between calls (found through a key in B's checkpoint, or the last run's)
     continues B's run instead."""
     args = dict(max_lr=1e-2, min_lr=1e-3, **kw)
-    other = {**args, "seed": kw.get("seed", 0) + 1}
     _, saved = _train_call(train, _tiny_lm(d.sub("initB"), vocab, 0.2), tokens, steps, d.sub("rngB"),
-                           f"train(stop_at={stop}) of a second run", stop, stop_at=stop, **other)
+                           f"train(stop_at={stop}) of a second run", stop, stop_at=stop,
+                           **{**args, "seed": kw.get("seed", 0) + 1})
     labels = _round_trip(saved, f"the checkpoint of a second run after step {stop}")
     try:
         mixed = _transplant(labels, first)
@@ -1353,7 +1340,7 @@ def _check_checkpoint_alone(train, d: Draw, tokens, vocab, steps, stop, kw, full
                           f"train(resume_from=<checkpoint of step {stop}>) (steps {stop} to {steps - 1})", steps - stop,
                           resume_from=mixed, **args)
     if part != full[stop:]:
-        bad = next(i for i, (a, b) in enumerate(zip(part, full[stop:])) if a != b) + stop
+        bad = _first_difference(part, full[stop:]) + stop
         fail(f"resumed from the checkpoint of step {stop} of one run, whose numbers, strings and layout came from "
              f"another run's checkpoint of the same step, the run gave another loss at step {bad} "
              f"({part[bad - stop]!r} instead of {full[bad]!r}).", _OUTSIDE)
@@ -1379,36 +1366,30 @@ def _tiny_lm_oracle(m: nn.Module, ids: torch.Tensor, variant: str = "ok", drop: 
     """The spec's forward pass from the module's own parameters, with PyTorch's functional parts
     (``variant``: one known mistake, used to name it); ``drop``: train mode's dropout, its mask
     drawn from the global RNG as nn.Dropout draws it."""
-    W = m.tok.weight
+    W, T = m.tok.weight, ids.shape[1]
     d = W.shape[1]
-    T = ids.shape[1]
-    scale = 1.0 if variant == "no_sqrt_d" else math.sqrt(d)
-    x = F.embedding(ids, W) * scale + _sinusoids(T, d, W.dtype, variant)          # (B, T, d)
-    x = F.dropout(x, drop) if drop else x
+    x = F.embedding(ids, W) * (1.0 if variant == "no_sqrt_d" else math.sqrt(d)) + _sinusoids(T, d, W.dtype, variant)
+    x = F.dropout(x, drop) if drop else x                                          # (B, T, d)
     ln = lambda mod, h: F.layer_norm(h, (d,), mod.weight, mod.bias, mod.eps)     # noqa: E731
 
-    def attend(h):
+    def attend(h):                                                                 # proj(attention(h))
         q, k, v = F.linear(h, m.qkv.weight, m.qkv.bias).split(d, dim=-1)       # (B, T, d) each
-        if variant == "no_attention_scale":
-            return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=1.0)
-        return F.scaled_dot_product_attention(q, k, v, is_causal=variant != "not_causal")
+        scale = {"scale": 1.0} if variant == "no_attention_scale" else {}
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=variant != "not_causal", **scale)
+        return F.linear(out, m.proj.weight, m.proj.bias)
 
-    gelu = "tanh" if variant == "tanh_gelu" else "none"
-    mlp = lambda h: F.linear(F.gelu(F.linear(h, m.up.weight, m.up.bias), approximate=gelu),  # noqa: E731
-                             m.down.weight, m.down.bias)
-    if variant == "post_ln":
-        x = ln(m.ln1, x + F.linear(attend(x), m.proj.weight, m.proj.bias))
-        x = ln(m.ln2, x + mlp(x))
-    elif variant == "residual_from_norm":
-        h = ln(m.ln1, x)
-        x = h + F.linear(attend(h), m.proj.weight, m.proj.bias)
-        h = ln(m.ln2, x)
-        x = h + mlp(h)
-    else:
-        x = x + F.linear(attend(ln(m.ln1, x)), m.proj.weight, m.proj.bias)
-        x = x + mlp(ln(m.ln2, x))
+    def mlp(h):
+        up = F.gelu(F.linear(h, m.up.weight, m.up.bias), approximate="tanh" if variant == "tanh_gelu" else "none")
+        return F.linear(up, m.down.weight, m.down.bias)
+
+    for norm, branch in ((m.ln1, attend), (m.ln2, mlp)):
+        if variant == "post_ln":
+            x = ln(norm, x + branch(x))
+        elif variant == "residual_from_norm":
+            x = (h := ln(norm, x)) + branch(h)
+        else:
+            x = x + branch(ln(norm, x))
     return F.linear(ln(m.ln_f, x), W)                                              # (B, T, V), tied
-
 
 _TINY_HINTS = [
     ("not_causal", "position t saw later tokens: mask the scores above the diagonal with -inf before the softmax "
@@ -1441,9 +1422,9 @@ class _TinyReference(nn.Module):
         return _tiny_lm_oracle(self, ids)
 
 
-def _tiny_copy(model: nn.Module, vocab: int, d: int) -> _TinyReference:
+def _tiny_copy(model: nn.Module) -> _TinyReference:
     """The student's weights, read through the spec's names, in a module of the grader's own."""
-    ref = _TinyReference(vocab, d).to(model.tok.weight.detach().dtype)   # detach: the weight's current dtype
+    ref = _TinyReference(*model.tok.weight.shape).to(model.tok.weight.detach().dtype)   # the weight's current dtype
     ref.load_state_dict({k: v for k, v in model.state_dict().items() if k in ref.state_dict()})
     return ref
 
@@ -1451,20 +1432,20 @@ def _tiny_copy(model: nn.Module, vocab: int, d: int) -> _TinyReference:
 def _build_tiny(TinyCausalLM, vocab: int, d: int, block: int, init: Draw, dropout: float = 0.0) -> nn.Module:
     with init.seeded():    # the cases below were chosen on the weights this seed gives
         model = call(TinyCausalLM, vocab, d, block, name="TinyCausalLM", **({"dropout": dropout} if dropout else {}))
+    name = f"TinyCausalLM(vocab_size={vocab}, d_model={d}, block_size={block})"
     expect(isinstance(model, nn.Module), "TinyCausalLM(...) should build an nn.Module.",
            "subclass nn.Module and call super().__init__() first.")
-    for name, kind in _TINY_PARTS:
-        expect(isinstance(getattr(model, name, None), kind),
-               f"TinyCausalLM(vocab_size={vocab}, d_model={d}, block_size={block}) has no {kind.__name__} named "
-               f"{name!r}.", "keep the attribute names of the spec (the tests read the weights through them).")
+    for part, kind in _TINY_PARTS:
+        expect(isinstance(getattr(model, part, None), kind), f"{name} has no {kind.__name__} named {part!r}.",
+               "keep the attribute names of the spec (the tests read the weights through them).")
     expect(tuple(model.qkv.weight.shape) == (3 * d, d) and tuple(model.up.weight.shape) == (4 * d, d) and
            tuple(model.down.weight.shape) == (d, 4 * d) and tuple(model.tok.weight.shape) == (vocab, d),
-           f"TinyCausalLM(vocab_size={vocab}, d_model={d}, block_size={block}) has layers of other shapes than the "
-           "spec's.", "qkv: nn.Linear(d_model, 3 * d_model); up: nn.Linear(d_model, 4 * d_model); down: "
-                      "nn.Linear(4 * d_model, d_model); tok: nn.Embedding(vocab_size, d_model).")
-    n = sum(p.numel() for p in model.parameters())
+           f"{name} has layers of other shapes than the spec's.", "qkv: nn.Linear(d_model, 3 * d_model); up: "
+           "nn.Linear(d_model, 4 * d_model); down: nn.Linear(4 * d_model, d_model); tok: nn.Embedding(vocab_size, "
+           "d_model).")
     want = vocab * d + 3 * 2 * d + (3 * d * d + 3 * d) + (d * d + d) + (4 * d * d + 4 * d) + (4 * d * d + d)
-    compare(n, want, f"the number of parameters of TinyCausalLM(vocab_size={vocab}, d_model={d})",
+    compare(sum(p.numel() for p in model.parameters()), want,
+            f"the number of parameters of TinyCausalLM(vocab_size={vocab}, d_model={d})",
             "build exactly the layers of the spec, with biases (PyTorch's defaults), and no output matrix of its own.",
             variants=[(v, "the output layer is tied to the embedding (chapter 1): logits = ln_f(x) @ tok.weight.T, no "
                           "separate head matrix.") for v in (want + vocab * d, want + vocab * d + vocab)])
@@ -1477,23 +1458,24 @@ def _build_tiny(TinyCausalLM, vocab: int, d: int, block: int, init: Draw, dropou
     return model
 
 
+_TINY_NAN = (when(lambda logits: not torch.isfinite(logits).all()), "a query row whose keys are all masked gives a "
+             "softmax of 0/0: token t attends to tokens 0..t, itself included, so mask only the scores strictly above "
+             "the diagonal (triu with diagonal=1).")
+
+
 def _tiny_forward_case(model: nn.Module, ids: torch.Tensor, what: str, dtype: torch.dtype = torch.float32) -> None:
     model.eval()
     got = call(model, ids.clone(), name="TinyCausalLM.forward")
-    vocab, d = model.tok.weight.shape
-    expect_tensor(got, (*ids.shape, vocab), f"the logits of {what}")
+    expect_tensor(got, (*ids.shape, model.tok.weight.shape[0]), f"the logits of {what}")
     expect(got.dtype == dtype, f"the logits of {what} are {got.dtype}, expected {dtype} (the model's dtype).",
            "build the position table in the model's dtype (a buffer registered in __init__ follows model.to(...)).")
-    ref = _tiny_copy(model, vocab, d)
+    ref = _tiny_copy(model)
     with torch.no_grad():
         compare(got.detach(), _tiny_lm_oracle(ref, ids),
                 f"the logits of {what}, against the spec's forward (PyTorch's functional parts on your weights)",
-                "follow the spec's forward in order: tok(ids) * sqrt(d_model) + PE, dropout, x + proj(attention(ln1(x))), "
-                "x + down(gelu(up(ln2(x)))), ln_f, then the tied output tok.weight.T.", variants=[
-                    (when(lambda logits: not torch.isfinite(logits).all()),
-                     "a query row whose keys are all masked gives a softmax of 0/0: token t attends to tokens 0..t, "
-                     "itself included, so mask only the scores strictly above the diagonal (triu with diagonal=1)."),
-                    *((lambda v=v: _tiny_lm_oracle(ref, ids, v), text) for v, text in _TINY_HINTS)],
+                "follow the spec's forward in order: tok(ids) * sqrt(d_model) + PE, dropout, "
+                "x + proj(attention(ln1(x))), x + down(gelu(up(ln2(x)))), ln_f, then the tied output tok.weight.T.",
+                [_TINY_NAN, *variants_of(lambda v: _tiny_lm_oracle(ref, ids, v), _TINY_HINTS)],
                 # float64: 1e-6, so that a position table built in float32 and converted with the model still passes
                 tol=None if dtype == torch.float32 else (1e-6, 1e-6))
 
@@ -1507,8 +1489,7 @@ _DROP_HINTS = {False: "dropout stayed on in eval mode: use self.drop (nn.Dropout
 def _tiny_dropout_case(model: nn.Module, ids: torch.Tensor, p: float, masks: Draw, what: str) -> None:
     """With dropout p: eval mode is the spec's forward without it; train mode drops x once, after the
     positions are added, with the mask the global RNG (seeded from ``masks``) gives nn.Dropout."""
-    vocab, d = model.tok.weight.shape
-    ref = _tiny_copy(model, vocab, d)
+    ref = _tiny_copy(model)
 
     def oracle(drop: float) -> torch.Tensor:
         with torch.no_grad(), masks.seeded():
@@ -1522,7 +1503,7 @@ def _tiny_dropout_case(model: nn.Module, ids: torch.Tensor, p: float, masks: Dra
                 f"the logits of {what} (dropout={p}) in {'train' if training else 'eval'} mode",
                 "dropout acts once, on x right after the positions are added, through self.drop (step 1 of the "
                 "spec), and only in train mode; forward has no other randomness.",
-                variants=[(lambda t=training: oracle(0.0 if t else p), _DROP_HINTS[training])])
+                variants=[(lambda: oracle(0.0 if training else p), _DROP_HINTS[training])])
 
 
 def _tiny_run(TinyCausalLM, train, d: Draw, config: tuple, earlier: tuple) -> None:
@@ -1531,7 +1512,7 @@ def _tiny_run(TinyCausalLM, train, d: Draw, config: tuple, earlier: tuple) -> No
     vocab, width, block, init = config
     with own_fault():
         student = _build_tiny(TinyCausalLM, vocab, width, block, init.sub("run"))
-    fresh = _tiny_copy(student, vocab, width).train()
+    fresh = _tiny_copy(student).train()
     tokens = d.randint(0, vocab, (d.rng.randrange(80, 200) if d.hidden else 120,))
     steps = 6 if not d.hidden else d.rng.randrange(5, 9)
     kw = {"block_size": block, "batch_size": 3, "warmup_steps": 2, "seed": init.seed % 1000}
@@ -1540,8 +1521,7 @@ def _tiny_run(TinyCausalLM, train, d: Draw, config: tuple, earlier: tuple) -> No
         with forbid(*_ADAMW_BUILTINS, exercise="the training loop with your own AdamW"):
             losses, _ = _train_call(train, student, tokens, steps, init.sub("rng"), f"train(..., num_steps={steps})",
                                     steps, max_lr=1e-2, min_lr=1e-3, **kw)
-        compare(torch.tensor(losses), _reference_losses(copy.deepcopy(fresh), tokens, vocab, (1e-2, 1e-3), steps,
-                                                        init.sub("rng"), kw),
+        compare(torch.tensor(losses), _reference_losses(fresh, tokens, vocab, (1e-2, 1e-3), steps, init.sub("rng"), kw),
                 f"the losses (by step) of train on your TinyCausalLM(vocab_size={vocab}, d_model={width}, "
                 f"block_size={block}), against the spec's loop with PyTorch's AdamW on the same model",
                 "the model must be a pure function of its weights and input: no randomness of its own in forward "
@@ -1555,7 +1535,8 @@ def check_tiny_lm(TinyCausalLM, train=None, cross_entropy=None, random_batch=Non
     explain is blamed on train."""
     d = draw("tiny_lm", hidden)
     configs = [(13, 16, 8, d.sub("init"))] if not hidden else [
-        (d.rng.randrange(5, 40), d.rng.choice([8, 12, 24]), d.rng.randrange(4, 12), d.sub(f"init{k}")) for k in range(2)]
+        (d.rng.randrange(5, 40), d.rng.choice([8, 12, 24]), d.rng.randrange(4, 12), d.sub(f"init{k}"))
+        for k in range(2)]
     for vocab, width, block, init in configs:
         with own_fault():
             model = _build_tiny(TinyCausalLM, vocab, width, block, init)
@@ -1566,8 +1547,7 @@ def check_tiny_lm(TinyCausalLM, train=None, cross_entropy=None, random_batch=Non
             _tiny_dropout_case(_build_tiny(TinyCausalLM, vocab, width, block, init, p), d.randint(0, vocab, (2, block)),
                                p, init.sub("masks"), name)
             if hidden:
-                ids = d.randint(0, vocab, (2, block))
-                _tiny_forward_case(model.double(), ids, f"{name} in float64", torch.float64)
+                _tiny_forward_case(model.double(), d.randint(0, vocab, (2, block)), f"{name} in float64", torch.float64)
         if train is not None:
             _tiny_run(TinyCausalLM, train, d, (vocab, width, block, init),
                       (cross_entropy, random_batch, AdamW, param_groups, lr_at))
@@ -1593,16 +1573,14 @@ def check_initial_loss(predicted_initial_loss, cross_entropy=None, hidden: bool 
     cases = draw("initial_loss", hidden).cases([(50257, 0.0, 0.0), (50257, 0.1, 1e-4), (65, 0.2, 0.01)], lambda d: (
         d.rng.randrange(2, 300_000), d.rng.choice([0.0, 0.05, 0.1, 0.3]), d.rng.choice([0.0, 1e-4, 1e-3, 0.1])), 4)
     for V, eps, z in cases:
+        shown = f"predicted_initial_loss(V={V}, label_smoothing={eps}, z_loss={z})"
         with unmeasured("predicted_initial_loss"):
             got = call(predicted_initial_loss, V, eps, z, name="predicted_initial_loss")
-        expect(isinstance(got, (int, float)) and not isinstance(got, bool),
-               f"predicted_initial_loss({V}, {eps}, {z}) returned {type(got).__name__}, expected a float.",
-               "return a Python number computed with math (math.log), not a tensor.")
         want = math.log(V) + z * math.log(V) ** 2           # -log(1/V), plus z_loss * (log Z)**2 with Z = V
-        compare(float(got), want, f"predicted_initial_loss(V={V}, label_smoothing={eps}, z_loss={z})",
-                "at initialisation every logit is 0, so every class has probability 1/V: "
+        compare(expect_number(got, shown, "return a Python number computed with math (math.log), not a tensor."),
+                want, shown, "at initialisation every logit is 0, so every class has probability 1/V: "
                 "work out -log p, then log Z, as expressions in V.", variants=[
-                    *((slip(V, eps, z), text) for slip, text in _INITIAL_VARIANTS),
+                    *variants_of(lambda slip: slip(V, eps, z), _INITIAL_VARIANTS),
                     (when(lambda value: math.isclose(value, want, rel_tol=1e-4)),
                      "close, but rounded: return the expression itself (math.log(V) ...), not a decimal or a float32 "
                      "measurement.")])
@@ -1664,22 +1642,15 @@ def _check_uniform_prediction(predicted_uniform_bits_per_byte, hidden: bool = Fa
 
 def uniform_prediction_passes(predicted_uniform_bits_per_byte) -> bool:
     """For the exercise's demo, which shows the measurement only once the prediction passes its visible test."""
-    try:
-        _check_uniform_prediction(predicted_uniform_bits_per_byte)
-    except CheckFailed:
-        return False
-    return True
+    return passes(_check_uniform_prediction, predicted_uniform_bits_per_byte)
 
 
 _ALPHABET = "abcdefghij klmnop,.\n" + "éüñçø" + "αβγωλ" + "жщ" + "中文字" + "🙂🚀"    # 1, 2, 3 and 4 bytes in UTF-8
 
 
 def _as_number(got, what: str) -> float:
-    if isinstance(got, torch.Tensor) and got.numel() == 1:
-        got = got.item()
-    expect(isinstance(got, (int, float)) and not isinstance(got, bool), f"{what} returned {type(got).__name__}, "
-           "expected a number.", "return a Python float (float(...) of a 0-d tensor, or math on Python numbers).")
-    return float(got)
+    return expect_number(got.item() if isinstance(got, torch.Tensor) and got.numel() == 1 else got, what,
+                         "return a Python float (float(...) of a 0-d tensor, or math on Python numbers).")
 
 
 def _reporting_cases(d: Draw) -> list[tuple]:
@@ -1703,9 +1674,8 @@ def check_perplexity_and_bpb(perplexity, bits_per_byte, predicted_uniform_bits_p
         x, n, n_bytes, n_chars = losses.double(), losses.numel(), len(text.encode("utf-8")), len(text)
         what = f"{n} per-token losses ({str(losses.dtype)[6:]}) of the text {text[:40]!r} ({n_chars} characters, " \
                f"{n_bytes} bytes)"
-        given = losses.clone()
-        ppl = _as_number(call(perplexity, given, name="perplexity"), f"perplexity of {what}")
-        expect(torch.equal(given, losses), f"perplexity of {what} changed the losses in place.", "build new tensors.")
+        ppl = _as_number(call_on_copies(perplexity, losses, name="perplexity", hint="build new tensors."),
+                         f"perplexity of {what}")
         compare(ppl, math.exp(x.mean().item()), f"perplexity of {what}", "perplexity is e to the mean loss per token "
                 "(the losses are in nats).", variants=[
                     (lambda: math.exp(x.sum().item()), "the exponential of the *mean* loss per token, not of the sum: "

@@ -1,10 +1,12 @@
 """Checks for chapter 5: the loss, batches, AdamW, parameter groups, the schedule, clipping,
-gradient accumulation, dynamic loss scaling and exact resumption from a checkpoint.
+gradient accumulation, dynamic loss scaling, exact resumption from a checkpoint, the tiny model
+of chapters 1-4, the loss at initialisation, perplexity and bits per byte.
 
-Oracles: ``F.cross_entropy``, ``torch.optim.AdamW``, ``torch.nn.utils.clip_grad_norm_``,
-``torch._amp_update_scale_`` (the update ``torch.amp.GradScaler`` runs), one backward pass
-over the whole batch, hand-derived formulas, and the student's own uninterrupted run (for
-resumption). Hand-written wrong variants are used only to name the likely mistake.
+Each check draws its inputs (``draw``), calls the answer and compares with an oracle (``compare``);
+a table of wrong variants (``variants_of``) only names the likely mistake. Oracles:
+``F.cross_entropy``, ``torch.optim.AdamW``, ``torch.nn.utils.clip_grad_norm_``, the update
+``torch.amp.GradScaler`` runs, one backward pass over the whole batch, hand-derived formulas,
+and the student's own uninterrupted run (for resumption).
 
 Objects that must live where the student's code runs (the model trained by ``train``, the
 problem that ``AdamW`` optimises) are modules built here: when grading happens outside the

@@ -294,6 +294,9 @@ class Browser:
         page.route("**/*", route)
         page.on("console", lambda message: report.errors.append(message.text) if message.type == "error" else None)
         page.on("pageerror", lambda error: report.errors.append(f"uncaught: {error}"))
+        # the console says only "404"; this names the address
+        page.on("response", lambda response: report.errors.append(f"HTTP {response.status}: {response.url}")
+                if response.status >= 400 else None)
         try:
             page.goto(url, wait_until="load", timeout=60_000)
             page.wait_for_function("window.MathJax && MathJax.startup && MathJax.startup.promise", timeout=30_000)

@@ -11,19 +11,7 @@ _COPY_ON_WRITE = (
     "            self.ref_counts[old] -= 1\n")
 _QUERY_POSITIONS = "queries = lengths[:, None] - T_q + torch.arange(T_q, device=q.device)"
 # The pasted grouped_query_attention splits the query heads as (group, n_kv_heads): chapter 3's own mistake.
-_GQA_HEADS_TILED = (
-    "    q = q.reshape(B, n_kv, group * T_q, d_head)                          # a group's queries share one key matrix\n"
-    "    if mask is not None:\n"
-    "        mask = mask.expand(B, n_heads, T_q, T_k).reshape(B, n_kv, group * T_q, T_k)\n"
-    "    out, _ = scaled_dot_product_attention(q, k, v, mask)                  # (B, n_kv, group * T_q, d_v)\n"
-    "    return out.reshape(B, n_heads, T_q, v.shape[-1])",
-    "    q = q.view(B, group, n_kv, T_q, d_head).transpose(1, 2).reshape(B, n_kv, group * T_q, d_head)\n"
-    "    if mask is not None:\n"
-    "        mask = (mask.expand(B, n_heads, T_q, T_k).reshape(B, group, n_kv, T_q, T_k).transpose(1, 2)\n"
-    "                .reshape(B, n_kv, group * T_q, T_k))\n"
-    "    out, _ = scaled_dot_product_attention(q, k, v, mask)\n"
-    "    return out.view(B, n_kv, group, T_q, -1).transpose(1, 2).reshape(B, n_heads, T_q, v.shape[-1])",
-)
+from mistakes.ch03_attention import _GQA_HEADS_TILED  # noqa: E402
 
 _TOP_P_BEFORE_T = ("        probs = torch.softmax(x, dim=-1)\n",
                    "        probs = torch.softmax(x * temperature, dim=-1)\n")

@@ -31,6 +31,7 @@ from traitlets import Any as AnyTrait
 from traitlets import Bool, Dict, Integer, Unicode
 
 from course import kernel_messages
+from course.i18n import ENGLISH, known_language
 
 from . import contract
 from .contract import KERNEL_DIED, NOT_RUN, TIMED_OUT, Role  # noqa: F401 - the crash kinds, named in contract
@@ -189,6 +190,7 @@ class CourseExecute(Execute):
         self._judge_client = None
         self._imports = ""
         self._submission_seed = 0
+        self._language = ENGLISH
         self._output_monitor = None
         self._output_bytes = 0
         self._judge_printed, self._judge_printed_bytes = [], 0
@@ -247,6 +249,8 @@ class CourseExecute(Execute):
         self.death_reason = ""
         self._imports = contract.setup_imports(nb)
         self._submission_seed = contract.submission_seed(self.grading_seed, nb)
+        # a check's message in the notebook's language (a Chinese release says zh_CN)
+        self._language = known_language(nb.metadata.get("course", {}).get("language"))
         try:
             return super().preprocess(nb, resources, km)
         finally:
@@ -375,6 +379,7 @@ class CourseExecute(Execute):
         """Run a graded test cell here; its outputs are the verdict."""
         from course.checks import _hidden
         from course.checks._core import capped
+        from course.i18n import error_text
 
         from .probelink import ProbeLink
         from .remote import CellTimedOut, Channel, KernelLost, run_judged
@@ -406,7 +411,7 @@ class CourseExecute(Execute):
         except BaseException as err:  # noqa: BLE001 - every failure of a check is a verdict
             if isinstance(err, (KeyboardInterrupt, SystemExit)):
                 raise
-            message = capped(str(err), VERDICT_LIMIT)
+            message = capped(error_text(err, self._language), VERDICT_LIMIT)
             verdict.append(error_output(type(err).__name__, message, f"{type(err).__name__}: {message}"))
         finally:
             _hidden.set_grading_seed(None)

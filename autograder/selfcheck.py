@@ -6,9 +6,12 @@ not changed), so it also catches code that only worked because of cells run out 
 
 from __future__ import annotations
 
+import contextlib
+import os
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterator
 
 from . import contract
 from .contract import Role
@@ -48,6 +51,23 @@ def failure_message(error) -> str:
     return f"{error.ename}: {error.evalue}"
 
 
+@contextlib.contextmanager
+def _kernel_language(nb) -> Iterator[None]:
+    """The checks in the kernel speak the learner's language (course/i18n.py), else the
+    notebook's: a Chinese release self-checks in Chinese."""
+    from course.i18n import ENGLISH, known_language, language
+
+    ours = known_language(nb.metadata.get("course", {}).get("language"))
+    if language() != ENGLISH or ours == ENGLISH:
+        yield
+        return
+    os.environ["COURSE_LANGUAGE"] = ours
+    try:
+        yield
+    finally:
+        del os.environ["COURSE_LANGUAGE"]
+
+
 def _has_code(source: str) -> bool:
     return any(line.strip() and not line.strip().startswith("#") for line in source.splitlines())
 
@@ -64,7 +84,8 @@ def run_visible_tests(path: Path, settings: GradingSettings) -> list[CellResult]
     executor = CourseExecute(timeout=settings.cell_timeout, release_limits=limits,
                              judge=False, kernel_name="python3",
                              kernel_manager_class=QuietKernelManager)
-    executor.preprocess(nb, {"metadata": {"path": str(path.parent)}, "nbgrader": {"notebook": path.stem}})
+    with _kernel_language(nb):
+        executor.preprocess(nb, {"metadata": {"path": str(path.parent)}, "nbgrader": {"notebook": path.stem}})
     results = []
     for cell in contract.cells_with_role(nb, Role.VISIBLE, Role.HIDDEN, Role.EVALUATION):
         if not _has_code(cell.source):  # a hidden-test placeholder: only the autograder fills it

@@ -51,6 +51,9 @@ def extract(build: Path) -> Path:
     if status:
         sys.exit(f"extracting the book's messages failed (status {status}); see Sphinx's output above")
     extract_notebooks(pot / "notebooks")
+    from messages import write_templates      # the checks' messages (locales/messages.py)
+
+    write_templates(pot / "messages")
     return pot
 
 

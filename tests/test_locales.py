@@ -154,3 +154,17 @@ def test_translations_keep_their_emphasis_and_code():
     lost = [f"{page}: {chinese[:70]}" for page, english, chinese in translated_messages()
             if count(english) != count(chinese)]
     assert not lost, "emphasis or code rendered differently from the English:\n" + "\n".join(lost)
+
+
+def test_message_templates_keep_their_placeholders():
+    """A translated f-string template (the checks' messages) has the English's placeholders,
+    each as written (course/i18n.py fills them by their text); the order may change."""
+    from course.i18n import _PLACEHOLDER
+
+    fields = lambda text: sorted(m.group(0) for m in _PLACEHOLDER.finditer(text))  # noqa: E731
+    changed = []
+    for path in sorted((MESSAGES / "messages").glob("*.po")):
+        for message in catalog(path.relative_to(MESSAGES).with_suffix("").as_posix()):
+            if message.id and message.string and not message.fuzzy and fields(message.id) != fields(message.string):
+                changed.append(f"{path.name}: {message.id[:60]} -> {message.string[:60]}")
+    assert not changed, "placeholders changed in translation:\n" + "\n".join(changed)

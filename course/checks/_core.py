@@ -46,8 +46,10 @@ class CheckFailed(AssertionError):
         cause = self.__cause__
         if cause is not None and not isinstance(cause, CheckFailed) and cause.__traceback__ is not None:
             lines += _student_traceback(cause)
-        lines += f"{type(self).__name__}: {self}".splitlines()
-        lines.append(SHOW_TRACEBACK)
+        from ..i18n import error_text, translate
+
+        lines += f"{type(self).__name__}: {error_text(self)}".splitlines()
+        lines.append(translate(SHOW_TRACEBACK))
         return lines
 
 
@@ -108,7 +110,9 @@ class NotWrittenYet(NotImplementedError):
             import traceback
 
             return "".join(traceback.format_exception(type(self), self, self.__traceback__)).splitlines()
-        return [str(self)]
+        from ..i18n import translate
+
+        return [translate(str(self))]
 
 
 NotWrittenYet.__name__ = "NotImplementedError"   # the error's name in outputs; its qualname stays

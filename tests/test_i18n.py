@@ -1,0 +1,107 @@
+"""The checks' messages in the learner's language (issue 30, item 4): course/i18n.py finds a
+finished English message among the catalog's plain messages and f-string templates, and
+locales/messages.py extracts those templates from the checks' source."""
+
+from __future__ import annotations
+
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+from babel.messages.catalog import Catalog
+from babel.messages.pofile import write_po
+
+from course import i18n
+from course.checks._core import CheckFailed
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "locales"))
+import messages  # noqa: E402 - locales/messages.py, a script's module
+
+TRANSLATIONS = [
+    ("merge_pair changed the list it was given.", "merge_pair 修改了传给它的列表。", False),
+    ("{label} returned {got!r}, expected {want!r}.", "{label} 返回了 {got!r}，应为 {want!r}。", True),
+    ("the counts of {name}", "{name} 的计数", True),
+    ("{what}: got shape {tuple(got.shape)}, expected {tuple(want.shape)}.",
+     "{what}：形状为 {tuple(got.shape)}，应为 {tuple(want.shape)}。", True),
+    ("build and return a new list; do not edit ids in place.", "构建并返回一个新列表；不要就地修改 ids。", False),
+    ("Likely mistake: ", "可能的错误：", False),
+    ("a fuzzy one", "模糊的", False),
+]
+
+
+@pytest.fixture
+def chinese(tmp_path) -> i18n._Catalog:
+    catalog = Catalog(locale="zh_CN")
+    for english, translated, template in TRANSLATIONS:
+        flags = ["python-brace-format"] if template else []
+        if english == "a fuzzy one":
+            flags.append("fuzzy")
+        catalog.add(english, translated, flags=flags)
+    with open(tmp_path / "ch01.po", "wb") as handle:
+        write_po(handle, catalog)
+    return i18n.load_catalog(tmp_path)
+
+
+def test_plain_message_and_template_are_translated(chinese):
+    assert chinese.translate("merge_pair changed the list it was given.", 3) == "merge_pair 修改了传给它的列表。"
+    assert chinese.translate("f(3) returned [1, 2], expected [1, 3].", 3) == "f(3) 返回了 [1, 2]，应为 [1, 3]。"
+
+
+def test_a_field_that_is_a_message_is_translated_too(chinese):
+    english = "the counts of merge_pair: got shape (2, 3), expected (3, 2)."
+    assert chinese.translate(english, 3) == "merge_pair 的计数：形状为 (2, 3)，应为 (3, 2)。"
+
+
+def test_what_matches_nothing_stays_english(chinese):
+    for english in ("a message no catalog holds.", "a fuzzy one", "merge_pair changed the list it was given"):
+        assert chinese.translate(english, 3) == english
+
+
+def test_failure_translates_what_and_hint_each(chinese, monkeypatch):
+    monkeypatch.setattr(i18n, "_catalog", lambda into: chinese)
+    err = CheckFailed.of("merge_pair changed the list it was given.",
+                         "build and return a new list; do not edit ids in place.")
+    assert i18n.error_text(err, "zh_CN") == "merge_pair 修改了传给它的列表。\n可能的错误：构建并返回一个新列表；不要就地修改 ids。"
+    assert i18n.error_text(err, "en") == str(err)
+    with i18n.use_language("zh_CN"):
+        assert err._render_traceback_()[0] == "CheckFailed: merge_pair 修改了传给它的列表。"
+
+
+def test_only_a_language_with_messages_is_taken():
+    assert i18n.known_language("zh_CN") == "zh_CN"
+    for name in ("fr_FR", "../../etc", "zh_CN/../..", None, 3, "en"):
+        assert i18n.known_language(name) == "en"
+
+
+def test_learner_setting_chooses_the_language(monkeypatch, tmp_path):
+    monkeypatch.delenv("COURSE_LANGUAGE", raising=False)
+    monkeypatch.setattr(i18n, "SETTING_FILE", tmp_path / ".course-language")
+    assert i18n.language() == "en"
+    (tmp_path / ".course-language").write_text("zh_CN\n")
+    assert i18n.language() == "zh_CN"
+    monkeypatch.setenv("COURSE_LANGUAGE", "en")
+    assert i18n.language() == "en"
+    with i18n.use_language("zh_CN"):
+        assert i18n.language() == "zh_CN"
+
+
+def test_f_strings_become_templates_and_docstrings_are_not_messages(tmp_path):
+    source = tmp_path / "checks.py"
+    source.write_text(textwrap.dedent('''
+        def f(x, got):
+            """A docstring is not a message at all."""
+            label = "short"
+            fail(f"the sum of {x!r} was {got:.3f} where {{braces}} stay", "add the rows one by one, then divide.")
+    '''))
+    found = {text: template for _, text, template in messages.messages_of(source)}
+    assert found == {"the sum of {x!r} was {got:.3f} where {{braces}} stay": True,
+                     "add the rows one by one, then divide.": False}
+
+
+def test_a_template_fills_braces_and_formats_back(tmp_path):
+    template = i18n._Template("the sum of {x!r} was {got:.3f} where {{braces}} stay",
+                              "{x!r} 的和是 {got:.3f}，{{braces}} 不变")
+    x, got = [1, 2], 2.0
+    assert template.fill(f"the sum of {x!r} was {got:.3f} where {{braces}} stay", str) == "[1, 2] 的和是 2.000，{braces} 不变"

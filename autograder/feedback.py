@@ -335,6 +335,11 @@ def render_page(nb: NotebookNode, notebook: str, release: NotebookNode | None = 
     """The page of one autograded notebook (hidden tests already hidden by
     :class:`autograder.preprocessors.HideHiddenTests`). ``release``: the released notebook,
     where the exercise titles are read; without it, the notebook's locked cells."""
+    from course.i18n import ENGLISH, known_language, translate
+
+    language = known_language(nb.metadata.get("course", {}).get("language"))
+    if language != ENGLISH:
+        nb, release = (_in_language(x, notebook, language) if x is not None else None for x in (nb, release))
     titles = exercise_titles(release, trusted_only=False) if release is not None else {}
     titles = {**exercise_titles(nb, trusted_only=True), **titles}
     parts = sections(nb, titles)
@@ -344,7 +349,17 @@ def render_page(nb: NotebookNode, notebook: str, release: NotebookNode | None = 
         csp=CSP, css=css, static=STATIC, mathjax=mathjax_available(), notebook=notebook,
         hidden_note=contract.HIDDEN_PLACEHOLDER.lstrip("# "),
         score=sum(e.score for e in exercises), max_score=sum(e.points for e in exercises),
-        exercises=exercises, sections=parts)
+        exercises=exercises, sections=parts, lang=language.replace("_", "-"),
+        t=functools.partial(translate, into=language))
+
+
+def _in_language(nb: NotebookNode, assignment: str, language: str) -> NotebookNode:
+    """``nb`` with its Markdown in ``language`` (a Chinese submission's feedback reads in
+    Chinese although nbgrader put back the English release's locked cells)."""
+    from .translation import catalog_path, catalog_translations, translated_notebook
+
+    root = Path(__file__).resolve().parents[1]
+    return translated_notebook(nb, catalog_translations(catalog_path(root, assignment, language)), language)
 
 
 # ---------------------------------------------------------------------- MathJax beside the page

@@ -44,9 +44,10 @@ def failure_message(error) -> str:
     student's own code when that raised), without the line on showing the checker's
     traceback; for any other error, its type and message."""
     from course.checks._core import SHOW_TRACEBACK
+    from course.i18n import every_form
 
     shown = [str(line) for line in error.get("traceback", [])]
-    if shown and shown[-1] == SHOW_TRACEBACK:
+    if shown and shown[-1] in every_form(SHOW_TRACEBACK):
         return "\n".join(shown[:-1])
     return f"{error.ename}: {error.evalue}"
 

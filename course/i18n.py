@@ -66,6 +66,14 @@ def known_language(name: object) -> str:
     return ENGLISH
 
 
+def every_form(message: str) -> set[str]:
+    """``message`` in English and in every language the course has messages in."""
+    forms = {message}
+    for folder in sorted((ROOT / "locales").glob("*/LC_MESSAGES/messages")):
+        forms.add(translate(message, folder.parents[1].name))
+    return forms
+
+
 def error_text(err: BaseException, into: str | None = None) -> str:
     """The text of an error a check raised, in ``into``: a failure's ``what`` and ``hint``
     translated each, any other error's message as a whole."""

@@ -13,6 +13,7 @@ description in Chinese.
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -21,6 +22,7 @@ ROOT = Path(__file__).resolve().parents[1]
 SOURCES = {
     "common": ["course/i18n.py", "course/checks/_core.py", "course/checks/_vocabulary.py",
                "course/checks/_recorders.py", "autograder/remote.py"],
+    "feedback": ["autograder/feedback_static/page.html.j2"],
     **{f"ch0{n}": [f"course/checks/ch0{n}.py"] for n in range(1, 8)},
 }
 _WORDS_PLAIN, _WORDS_TEMPLATE = 3, 2        # fewer words of text: a name or a format, not prose
@@ -55,8 +57,15 @@ def _not_messages(tree: ast.AST) -> set[int]:
     return skip
 
 
+_TEMPLATE_TEXT = re.compile(r"""\bt\("([^"]+)"\)""")     # t("...") in a Jinja template
+
+
 def messages_of(path: Path) -> list[tuple[int, str, bool]]:
-    """(line, msgid, is a template) of each message in the source file ``path``."""
+    """(line, msgid, is a template) of each message in the source file ``path``: a Python
+    module, or a Jinja template whose messages are its t("...") calls."""
+    if path.suffix == ".j2":
+        text = path.read_text(encoding="utf-8")
+        return [(text.count("\n", 0, m.start()) + 1, m.group(1), False) for m in _TEMPLATE_TEXT.finditer(text)]
     tree = ast.parse(path.read_text(encoding="utf-8"))
     skip = _not_messages(tree)
     found = []

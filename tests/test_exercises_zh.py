@@ -192,21 +192,57 @@ def _scores(out, student: str) -> dict[str, tuple[float, float]]:
         return {g.name: (float(g.score), float(g.max_score)) for g in graded}
 
 
+def _message_catalog(name: str) -> dict[str, str]:
+    path = ROOT / "locales" / LANGUAGE / "LC_MESSAGES" / "messages" / f"{name}.po"
+    return catalog_translations(path)
+
+
+def _feedback(out, student: str) -> str:
+    import html
+
+    pages = sorted((out / "feedback" / student / ASSIGNMENT).glob("*.html"))
+    assert pages, f"no feedback for {student}"
+    return html.unescape(pages[0].read_text(encoding="utf-8"))
+
+
 @pytest.mark.slow
 def test_chinese_notebook_grades_as_the_english_one(tmp_path):
     """Through the real grader, in one run: the Chinese release answered with the solution's
-    answers gets full marks and the untouched Chinese stub zero, each with no note."""
+    answers gets full marks and the untouched Chinese stub zero, each with no note; their
+    feedback pages read in Chinese, and a wrong answer's hint comes in Chinese."""
+    from mistakes.ch01_embeddings import MISTAKES
+
     answers = solution_answers(ASSIGNMENT)
     root = tmp_path / "submissions"
     write_notebook(_with(_notebook(ZH), **answers), root / "zh_solution" / ASSIGNMENT / f"{ASSIGNMENT}.ipynb")
     shutil.copytree(ZH / ASSIGNMENT, root / "zh_stub" / ASSIGNMENT)
+    mistake = next(m for m in MISTAKES if m.name == "embedding_std_one")
+    write_notebook(_with(_notebook(ZH), **mistake.apply(answers)), root / "zh_wrong" / ASSIGNMENT / f"{ASSIGNMENT}.ipynb")
     out = tmp_path / "out"
     run_grade(root, out, workers=2, timeout=20)
+    _feedback_reads_in_chinese(out, mistake)
     rows = {row["student"]: row for row in rows_of(out)}
     solved, stub = rows["zh_solution"], rows["zh_stub"]
+    assert 0 < float(rows["zh_wrong"]["score"]) < float(solved["score"])
     assert float(solved["score"]) == float(solved["max_score"]) > 0 and solved["notes"] == "", solved
     assert float(stub["score"]) == 0 and stub["notes"] == "" and stub["max_score"] == solved["max_score"], stub
     solved_cells, stub_cells = _scores(out, "zh_solution"), _scores(out, "zh_stub")
     assert solved_cells.keys() == stub_cells.keys() and len(solved_cells) == 16
     assert all(score == top > 0 for score, top in solved_cells.values()), solved_cells
     assert all(score == 0 for score, _ in stub_cells.values()), stub_cells
+
+
+def _feedback_reads_in_chinese(out, mistake) -> None:
+    """The pages of a Chinese submission: the page's own words, the notebook's prose and the
+    checks' hints in Chinese, from the catalogs."""
+    notebook_zh = catalog_translations(catalog_path(ROOT, ASSIGNMENT, LANGUAGE))
+    feedback_zh, checks_zh = _message_catalog("feedback"), _message_catalog("ch01")
+    for student in ("zh_solution", "zh_stub", "zh_wrong"):
+        page = _feedback(out, student)
+        assert '<html lang="zh-CN">' in page and feedback_zh["Score:"] in page, student
+        assert notebook_zh["Chapter 1 exercises: tokens and embeddings"] in page, student
+    hints = [zh for en, zh in checks_zh.items() if mistake.hint in en]
+    assert hints, f"no translated message of ch01 holds {mistake.hint!r}"
+    wrong = _feedback(out, "zh_wrong")
+    assert any(zh in wrong for zh in hints) and mistake.hint not in wrong
+    assert _message_catalog("common")["Likely mistake: "] in wrong

@@ -62,11 +62,13 @@ def test_chinese_release_has_the_english_code_and_metadata(assignment):
     assert metadata == english.metadata
 
 
-def test_chapter_1_release_is_chinese():
-    """Every message of chapter 1's Markdown is replaced by its translation (the catalog is
+@pytest.mark.parametrize("assignment", ASSIGNMENTS)
+def test_release_is_chinese(assignment):
+    """Every message of a chapter's Markdown is replaced by its translation (the catalogs are
     complete: tests/test_locales.py), and the self-check command names the Chinese notebook."""
-    translations = catalog_translations(catalog_path(ROOT, ASSIGNMENT, LANGUAGE))
-    english, chinese = _notebook(ROOT / "exercises"), _notebook(ZH)
+    translations = catalog_translations(catalog_path(ROOT, assignment, LANGUAGE))
+    assert translations, f"{assignment}: no translated message"
+    english, chinese = _notebook(ROOT / "exercises", assignment), _notebook(ZH, assignment)
     for en, zh in zip(english.cells, chinese.cells):
         if en.cell_type != "markdown":
             continue
@@ -75,7 +77,7 @@ def test_chapter_1_release_is_chinese():
             assert first_line in zh.source, (grade_id(en), message)
             prose = re.sub(r"`[^`]*`|\]\([^)]*\)", " ", zh.source)      # without code and link targets
             assert message not in prose or translations[message] == message, (grade_id(en), message)
-    assert f"make check NB={ZH.name}/{ASSIGNMENT}/{ASSIGNMENT}.ipynb" in chinese.cells[0].source
+    assert f"make check NB={ZH.name}/{assignment}/{assignment}.ipynb" in chinese.cells[0].source
 
 
 MARKDOWN = """\

@@ -21,7 +21,7 @@ VENDOR := node_modules/.installed
 LEARNER := $(VENV)/.learner-jupyter
 NBGRADER_SERVER := formgrader validate_assignment assignment_list course_list
 
-.PHONY: env sandbox browser vendor live book locales test test-fast exercises grade check check-run clean
+.PHONY: env sandbox browser vendor live book locales test test-fast exercises grade check check-run language clean
 
 env: $(STAMP) $(LEARNER) sandbox
 
@@ -105,6 +105,12 @@ check: check-run
 check-run: $(STAMP)
 	@test -n "$(NB)" || (echo "usage: make check NB=exercises/<assignment>/<notebook>.ipynb"; exit 2)
 	@$(PY) -m autograder check "$(NB)"; echo $$? > $(CHECK_STATUS)
+
+# The language of the checks' messages in your own kernels and `make check` (course/i18n.py):
+# `make language L=zh_CN` once; `make language L=en` for English again.
+language:
+	@test -n "$(L)" || (echo "usage: make language L=zh_CN   (or L=en)"; exit 2)
+	@echo "$(L)" > .course-language && echo "the checks' messages are now in $(L) (written to .course-language)"
 
 clean:
 	rm -rf _build .pytest_cache

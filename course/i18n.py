@@ -94,11 +94,20 @@ def translate(message: str, into: str | None = None) -> str:
 def failure_text(what: str, hint: str, into: str | None = None) -> str:
     """A failure's text, ``what`` then the hint on a line of its own, in ``into``."""
     into = into or language()
-    english = f"{what}\n{LIKELY_MISTAKE}{hint}" if hint else what
-    whole = translate(english, into)
-    if whole != english or not hint:      # a message written whole, hint included
-        return whole
+    if not hint:
+        return translate(what, into)
+    english = f"{what}\n{LIKELY_MISTAKE}{hint}"
+    if into != ENGLISH:
+        # a message written whole, hint included: only a message that holds the label itself
+        # (a template ending in a field would otherwise swallow the hint line)
+        whole = _catalog(into).translate(english, _DEPTH, holding=f"\n{LIKELY_MISTAKE}")
+        if whole != english:
+            return whole
     return f"{translate(what, into)}\n{translate(LIKELY_MISTAKE, into)}{translate(hint, into)}"
+
+
+def _has_fields(text: str) -> bool:
+    return any(found.group(1) is not None for found in _PLACEHOLDER.finditer(text))
 
 
 class _Template:
@@ -145,7 +154,8 @@ class _Catalog:
         # the most specific first: a template with more fixed text leaves less to chance
         self.templates = sorted(templates, key=lambda t: -len(t.literal))
 
-    def translate(self, message: str, depth: int) -> str:
+    def translate(self, message: str, depth: int, holding: str = "") -> str:
+        """``message`` translated; ``holding``: only by a template whose English holds it."""
         known = self.plain.get(message)
         if known is not None:
             return known
@@ -153,6 +163,8 @@ class _Catalog:
             return message
         for template in self.templates:
             if not message.startswith(template.prefix) or len(template.literal) > len(message):
+                continue
+            if holding and holding not in template.literal:
                 continue
             filled = template.fill(message, lambda value: self.translate(value, depth - 1))
             if filled is not None:
@@ -178,8 +190,8 @@ def load_catalog(folder: Path) -> _Catalog:
             for message in read_po(handle):
                 if not message.id or not message.string or message.fuzzy:
                     continue
-                if "python-brace-format" in message.flags:
+                plain[message.id] = message.string
+                # an f-string's template (Babel's flag is not kept where its parser fails)
+                if "python-brace-format" in message.flags or _has_fields(message.id):
                     templates.append(_Template(message.id, message.string))
-                else:
-                    plain[message.id] = message.string
     return _Catalog(plain, templates)

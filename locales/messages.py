@@ -79,7 +79,11 @@ def messages_of(path: Path) -> list[tuple[int, str, bool]]:
             text = "".join(_placeholder(v) if isinstance(v, ast.FormattedValue)
                            else v.value.replace("{", "{{").replace("}", "}}") for v in node.values)
             literal = "".join(v.value for v in node.values if isinstance(v, ast.Constant))
-            if _words(literal) >= _WORDS_TEMPLATE:
+            fields = sum(isinstance(v, ast.FormattedValue) for v in node.values)
+            # prose between fields: words, or a word set off by spaces ("{a} returned {b}"), or a
+            # colon between two fields ("{what}: {difference}")
+            if (_words(literal) >= _WORDS_TEMPLATE or (_words(literal) and " " in literal)
+                    or (fields >= 2 and ": " in literal)):
                 found.append((node.lineno, text, any(isinstance(v, ast.FormattedValue) for v in node.values)))
     return sorted(found)
 
@@ -99,7 +103,8 @@ def write_templates(folder: Path) -> list[Path]:
                 # the file, not the line: a catalog does not change when code moves
                 known = catalog.get(text)
                 if known is None:
-                    catalog.add(text, auto_comments=[source], flags=flags)
+                    # Babel drops the flag where its own parser fails ({'s' if n != 1 else ''}): set after
+                    catalog.add(text, auto_comments=[source]).flags.update(flags)
                 elif source not in known.auto_comments:
                     known.auto_comments.append(source)
         path = folder / f"{name}.pot"

@@ -95,6 +95,32 @@ def test_mistake_fails_with_its_hint(assignment, mistake):
         assert mistake.hint in str(err), f"{cell} failed without the hint {mistake.hint!r}:\n{err}"
         assert mistake.hint in leading_hint(err), (
             f"{cell} names the hint {mistake.hint!r}, but not as the likely mistake it leads with:\n{err}")
+        if _messages_translated(assignment):
+            assert_hint_in_chinese(err)
+
+
+CHINESE = "zh_CN"
+
+
+def _messages_translated(assignment: str) -> bool:
+    """Whether the chapter's messages catalog is translated (then it is whole: test_locales)."""
+    from autograder.translation import catalog_translations
+
+    return bool(catalog_translations(ROOT / "locales" / CHINESE / "LC_MESSAGES" / "messages" / f"{assignment[:4]}.po"))
+
+
+def assert_hint_in_chinese(err: BaseException) -> None:
+    """The failure, as a Chinese notebook's feedback shows it, gives its likely mistake in
+    Chinese: the hint is a message of the catalogs (a plain one, or an f-string's template)."""
+    import re
+
+    from course.i18n import LIKELY_MISTAKE, error_text, translate
+
+    if not getattr(err, "hint", ""):
+        return
+    shown = error_text(err, CHINESE)
+    hint = shown.split(translate(LIKELY_MISTAKE, CHINESE), 1)[-1]
+    assert re.search(r"[\u4e00-\u9fff]", hint), f"the hint has no Chinese translation:\n{err.hint}"
 
 
 def leading_hint(err: BaseException) -> str:

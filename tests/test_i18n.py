@@ -105,3 +105,17 @@ def test_a_template_fills_braces_and_formats_back(tmp_path):
                               "{x!r} 的和是 {got:.3f}，{{braces}} 不变")
     x, got = [1, 2], 2.0
     assert template.fill(f"the sum of {x!r} was {got:.3f} where {{braces}} stay", str) == "[1, 2] 的和是 2.000，{braces} 不变"
+
+
+def test_no_template_of_the_checks_has_two_fields_side_by_side():
+    """``{a}{b}`` cannot be read back from a finished message (where does a end?): such a
+    message would stay English. Write text between them, or two messages."""
+    import re
+
+    side_by_side = []
+    for sources in messages.SOURCES.values():
+        for source in sources:
+            for line, text, template in messages.messages_of(ROOT / source):
+                if template and re.search(r"\}\{", text.replace("{{", "").replace("}}", "")):
+                    side_by_side.append(f"{source}:{line}: {text[:80]}")
+    assert not side_by_side, "\n".join(side_by_side)

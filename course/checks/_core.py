@@ -227,10 +227,11 @@ def describe(value: Any) -> str:
 
 def _describe(value: Any) -> str:
     if isinstance(value, torch.Tensor):   # a tensor of the kernel's too: its values are here
-        where = "" if value.device.type == "cpu" else f" on {value.device}"
         if value.numel() <= 6 and value.dim() <= 1:
-            return f"the {value.dtype} tensor {value.tolist()}{where}"
-        return f"a {value.dtype} tensor of shape {tuple(value.shape)}{where}"
+            shown = f"the {value.dtype} tensor {value.tolist()}"
+        else:
+            shown = f"a {value.dtype} tensor of shape {tuple(value.shape)}"
+        return shown if value.device.type == "cpu" else f"{shown} on the device {value.device}"
     if isinstance(value, KERNEL_OBJECT_TYPES):   # an object that lives in the student's kernel
         return "an object of your code"
     if isinstance(value, (list, tuple)) and len(value) > 6:
@@ -263,8 +264,9 @@ def expect_close(actual: torch.Tensor, expected: torch.Tensor, what: str, hint: 
         diff = (actual - expected).abs().nan_to_num(float("inf"))
         worst = int(diff.argmax())
         at = tuple(int(i) for i in torch.unravel_index(torch.tensor(worst), diff.shape)) if diff.dim() else ()
-        where = f" at index {at[0] if len(at) == 1 else list(at)}" if at else ""
-        fail(f"{what} differs from the expected values: largest difference {diff.max().item():.3g}{where} "
+        largest = (f"largest difference {diff.max().item():.3g} at index {at[0] if len(at) == 1 else list(at)}"
+                   if at else f"largest difference {diff.max().item():.3g}")
+        fail(f"{what} differs from the expected values: {largest} "
              f"(got {actual.flatten()[worst].item():.6g}, expected {expected.flatten()[worst].item():.6g}).", hint)
 
 
@@ -325,12 +327,8 @@ OPERATORS = {
     **dict.fromkeys(("permute", "movedim", "moveaxis"), ("permute", "permute_copy")),
     **dict.fromkeys(("transpose", "swapaxes", "swapdims"), ("transpose", "transpose_", "transpose_copy", "t", "t_")),
 }
-# What is true of a blocked route, by its attribute, where it is not a built-in doing the exercise's work.
-WHY_BLOCKED = dict.fromkeys(
-    ("permute", "movedim", "moveaxis", "transpose", "swapaxes", "swapdims"),
-    "moves an axis, and the spec asks for the work done along the axis where it is (reductions with dim=..., "
-    "keepdim=True; a weight viewed to broadcast along that axis), not on a copy moved to the end and back.")
-DOES_THE_WORK = "is a built-in that does that work for you."
+# Blocked routes that are not a built-in doing the exercise's work: they move an axis.
+MOVES_AN_AXIS = {"permute", "movedim", "moveaxis", "transpose", "swapaxes", "swapdims"}
 # Forbidding any of these forbids running a backward pass inside the block.
 AUTOGRAD = {("torch:Tensor", "backward"), ("torch.autograd", "grad"), ("torch.autograd", "backward")}
 
@@ -360,7 +358,11 @@ class Forbidden:
         """What is true of the route ``label`` names (``Tensor.movedim (reached as ...)``): a sentence."""
         name = label.split(" (")[0]
         attr = next((a for (_, a), shown in self.labels.items() if shown == name), "")
-        return f"{name} {WHY_BLOCKED.get(attr, DOES_THE_WORK)}"
+        if attr in MOVES_AN_AXIS:
+            return (f"{name} moves an axis, and the spec asks for the work done along the axis where it is "
+                    "(reductions with dim=..., keepdim=True; a weight viewed to broadcast along that axis), not on "
+                    "a copy moved to the end and back.")
+        return f"{name} is a built-in that does that work for you."
 
     def stop(self, label: str) -> None:
         """Record the first built-in used (the grader reads it even if the error is swallowed)."""
@@ -489,9 +491,9 @@ def earlier_first(*earlier: tuple[str, Callable[[], None]]) -> Iterator[None]:
         if not failing:
             raise
         (what, inner_hint), others = failing[0], [w for w, _ in failing[1:]]
-        also = f" Besides, {'; '.join(others)}." if others else ""
-        raise CheckFailed.of(err.what, f"{what}: fix that exercise first. Its test says: {inner_hint}{also}",
-                             blamed=what) from err
+        hint = (f"{what}: fix that exercise first. Its test says: {inner_hint} Besides, {'; '.join(others)}."
+                if others else f"{what}: fix that exercise first. Its test says: {inner_hint}")
+        raise CheckFailed.of(err.what, hint, blamed=what) from err
 
 
 def earlier_answers(who: str, *answers: tuple[str, int, Any, Callable[[Any], None]]) -> list:

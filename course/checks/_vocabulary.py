@@ -220,8 +220,9 @@ def judge_configured(name: str, predict: Callable, configs: list[tuple], answer:
             if not same or len({answer(*c) for c in configs}) < 2:
                 raise
             cases = "; ".join(f"{shown(c)} (expected {answer(*c):.6g})" for c in configs[:3])
-            fail(f"{name} returned {values[0]!r} for every configuration it was given: {cases}"
-                 f"{f' and {len(configs) - 3} more' if len(configs) > 3 else ''}.",
+            if len(configs) > 3:
+                cases = f"{cases} and {len(configs) - 3} more"
+            fail(f"{name} returned {values[0]!r} for every configuration it was given: {cases}.",
                  "the same number for every configuration is a value read off one case (the notebook's "
                  f"measurement, or the worked example), not a prediction: compute it from the arguments {name} "
                  "receives, with plain arithmetic.")
@@ -279,7 +280,7 @@ def expect_tuple(got: Any, names: str, label: str, hint: str) -> tuple:
     """``got`` as a tuple of as many items as ``names`` (``"x, y"``) names; fails with ``hint`` unless it is a
     tuple or list of that length."""
     n = len(names.split(","))
-    expect(isinstance(got, (tuple, list)) and len(got) == n,
-           f"{label} returned {type(got).__name__}{f' of {len(got)} items' if isinstance(got, (tuple, list)) else ''}"
-           f", expected a tuple ({names}).", hint)
+    kind = f"{type(got).__name__} of {len(got)} items" if isinstance(got, (tuple, list)) else type(got).__name__
+    expect(isinstance(got, (tuple, list)) and len(got) == n, f"{label} returned {kind}, expected a tuple ({names}).",
+           hint)
     return tuple(got)

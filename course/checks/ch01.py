@@ -71,12 +71,12 @@ def check_get_pair_counts(get_pair_counts, hidden: bool = False) -> None:
                 variants=[(dict(Counter(zip(ids[::2], ids[1::2]))),
                            "pairs may overlap when counting: [7, 7, 7, 7] holds the pair (7, 7) three "
                            "times (positions 0, 1 and 2).")])
-        # The docstring promises first-appearance order; train_bpe's tie rule relies on it.
+        # The docstring promises first-appearance order (ties in train_bpe go by the pair's value).
         if list(got) != list(want):
             fail(f"get_pair_counts({ids}) has the right counts in the order {list(got)}, but the pairs must come "
                  f"in order of first appearance: {list(want)}.",
                  "keep the pairs in order of first appearance, scanning left to right: fill a plain dict as you "
-                 "go, and do not sort it; train_bpe's tie rule (the pair seen first wins) relies on this order.")
+                 "go, and do not sort it: the docstring promises that order.")
 
 
 def check_merge_pair(merge_pair, hidden: bool = False, counts: bool = True) -> None:

@@ -39,6 +39,11 @@ def _freqs64(d: int, base: float) -> torch.Tensor:
     return base ** (-torch.arange(0, d, 2, dtype=torch.float64) / d)
 
 
+def _span(start: int, count: int) -> str:
+    """Positions ``start`` .. ``start + count - 1`` as the messages write them."""
+    return f"{start}" if count == 1 else f"{start} .. {start + count - 1}"
+
+
 def _interleave(even: torch.Tensor, odd: torch.Tensor) -> torch.Tensor:
     """Columns even[..., i] -> 2i and odd[..., i] -> 2i + 1."""
     return torch.stack((even, odd), dim=-1).flatten(-2)
@@ -210,7 +215,8 @@ def check_sinusoidal_table(sinusoidal_table, hidden: bool = False) -> None:
                     lambda d: (d.rng.randrange(1, 129), 2 * d.rng.randrange(1, 129), _draw_base(d.rng),
                                d.rng.choice([F32, F64])), 3)
     for seq_len, d_model, base, dtype in cases:
-        label = f"sinusoidal_table({seq_len}, {d_model}, base={base:g}{'' if dtype == F32 else f', dtype={dtype}'})"
+        label = (f"sinusoidal_table({seq_len}, {d_model}, base={base:g})" if dtype == F32
+                 else f"sinusoidal_table({seq_len}, {d_model}, base={base:g}, dtype={dtype})")
         got = call(sinusoidal_table, seq_len, d_model, base, **({} if dtype == F32 else {"dtype": dtype}))
         _tensor_of(got, (seq_len, d_model), dtype, label,
                    "create the table with the dtype argument (float32 by default), not a fixed dtype.")
@@ -406,9 +412,16 @@ def _check_learned_gradient(module: nn.Module, weight: torch.Tensor, x: torch.Te
 def _check_too_long(module: nn.Module, x: torch.Tensor, offset: int, max_len: int) -> None:
     T = x.shape[1]
     case = f"a sequence needing positions up to {offset + T - 1} (T={T}, offset={offset}, max_len {max_len})"
-    hint = (f"here T={T} fits on its own but offset + T = {offset + T} > max_len = {max_len}: the length check must "
-            "include the offset (offset + T > max_len)" if offset else "check the length yourself before indexing "
-            "and raise ValueError naming offset + T and max_len")
+    # whole sentences (the raised error's hint, then the silent one's): each one message to translate
+    if offset:
+        hints = (f"here T={T} fits on its own but offset + T = {offset + T} > max_len = {max_len}: the length check "
+                 "must include the offset (offset + T > max_len), before indexing.",
+                 f"here T={T} fits on its own but offset + T = {offset + T} > max_len = {max_len}: the length check "
+                 "must include the offset (offset + T > max_len).")
+    else:
+        hints = ("check the length yourself before indexing and raise ValueError naming offset + T and max_len.",
+                 "check the length yourself before indexing and raise ValueError naming offset + T and max_len "
+                 "(slicing the table silently returns fewer rows).")
     try:
         module(x, offset) if offset else module(x)
     except NotImplementedError:
@@ -420,10 +433,9 @@ def _check_too_long(module: nn.Module, x: torch.Tensor, offset: int, max_len: in
                "name both numbers in the message, e.g. f'positions up to {offset + T} exceed max_len {self.max_len}'.")
     except Exception as err:
         fail(f"{case} raised {type(err).__name__} ({str(err).splitlines()[0] if str(err) else ''}), not ValueError.",
-             f"{hint}{', before indexing' if offset else ''}.")
+             hints[0])
     else:
-        fail(f"{case} did not raise ValueError.",
-             f"{hint}{'' if offset else ' (slicing the table silently returns fewer rows)'}.")
+        fail(f"{case} did not raise ValueError.", hints[1])
 
 
 # ----------------------------------------------------------------------------- exercise 5
@@ -1092,7 +1104,7 @@ def _attention_variants(case: tuple, tensors: tuple, cache_ok: bool, new_k: torc
          "never rotate the cache again (rotating it at attention time rotates the cached keys twice)."),
         (bug("query_from_zero", False, T_past > 0),
          f"the new keys and the mask are right, but the queries were rotated as {new}: a query is rotated at its "
-         f"own absolute position, T_past + t (here {T_past}{'' if T_new == 1 else f' .. {T_past + T_new - 1}'}), like "
+         f"own absolute position, T_past + t (here {_span(T_past, T_new)}), like "
          "the key of the same token; otherwise its scores measure the distance from the wrong place."),
         (bug("cache_rotated_twice", True, T_past > 0), "the cached keys were rotated again: the cache holds keys "
          "already rotated at their own positions; rotate only the new keys, then append them."),

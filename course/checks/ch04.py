@@ -43,6 +43,11 @@ _INTERLEAVED_ROPE = ("RoPE paired neighbouring entries (2j, 2j + 1): this block 
 _IN_PLACE = ("build new tensors: x - mean, not x -= mean or x.sub_(mean) (and x.float() of a float32 x is x itself, "
              "not a copy): the caller reads its input again, as the residual connection of a block does.")
 
+# The decoder block's hint; {then} is its residual wiring, a formula (a template: a translation keeps {then}).
+_SUBLAYER_FIRST = ("test the attention sublayer alone: project, split into heads (B, heads, T, d_head), rotate q and "
+                   "k (half-split RoPE at positions 0 .. T-1), give query head h the key/value head h // group, "
+                   "causal mask, scale 1/sqrt(d_head), merge the heads, w_o; then {then}")
+
 
 def _run(fn: Callable, x: torch.Tensor, name: str, dtype_hint: str | None = None, forbidden: tuple = (),
          exercise: str = "") -> Any:
@@ -72,7 +77,8 @@ def _linear(module: Any, attr: str, d_in: int, d_out: int, bias: bool, cls: str,
            "d_ff defaults to 4 * d_model (the hidden layer expands, then projects back), not d_model."
            if (cls, attr, shape) == ("FeedForward", "fc1", (d_in, d_in)) else
            f"{attr} maps {d_in} features to {d_out}: nn.Linear({d_in}, {d_out}).")
-    expect((layer.bias is not None) == bias, f"{cls}.{attr} should {'have' if bias else 'not have'} a bias.",
+    expect((layer.bias is not None) == bias,
+           f"{cls}.{attr} should have a bias." if bias else f"{cls}.{attr} should not have a bias.",
            "nn.Linear(..., bias=True) for the FFN of this chapter's FeedForward; the gated (SwiGLU) layers use "
            "bias=False, as in Llama." if bias else f"the {cls} projections have no bias: bias=False.")
     w, b = d.randn(d_out, d_in) * scale / math.sqrt(d_in), d.randn(d_out) * 0.5 if bias else None
@@ -629,11 +635,8 @@ def check_decoder_block(DecoderBlock, RMSNorm=None, SwiGLU=None, silu=None, hidd
                 compare(got, _decoder_oracle(x, p, H, H_kv, pre, base).to(_precision(x)),
                         f"{shown} output (input {tuple(x.shape)}, {str(dtype)[6:]}), against a block built from "
                         "F.rms_norm, F.scaled_dot_product_attention and F.silu",
-                        "test the attention sublayer alone: project, split into heads (B, heads, T, d_head), rotate q "
-                        "and k (half-split RoPE at positions 0 .. T-1), give query head h the key/value head "
-                        "h // group, causal mask, scale 1/sqrt(d_head), merge the heads, w_o; then " +
-                        ("x = x + attn(norm1(x)); x = x + ffn(norm2(x))." if pre else
-                         "x = norm1(x + attn(x)); x = norm2(x + ffn(x))."),
+                        _SUBLAYER_FIRST.format(then="x = x + attn(norm1(x)); x = x + ffn(norm2(x))." if pre else
+                                               "x = norm1(x + attn(x)); x = norm2(x + ffn(x))."),
                         variants=_decoder_variants(x, p, H, H_kv, pre, base))
             if hidden and T > 1:   # causality: a change to the last token leaves the earlier outputs alone
                 compare(_run_block(block, x + 3.0 * (torch.arange(T) == T - 1)[:, None], shown)[:, :-1],
@@ -750,9 +753,12 @@ def check_ffn_activation_bytes(ffn_activation_bytes, hidden: bool = False) -> No
 # ----------------------------------------------------------------------------- exercise 8
 
 _NEVER_ENFORCED = ("capacity was never enforced: an expert takes at most capacity = ceil(capacity_factor * n_tokens "
-                   "* k / n_experts) tokens; the others are dropped.")
+                   "* k / n_experts) choices; the others are dropped.")
 _OVER_TOKENS = ("the routing is top-k of the softmax over the experts (the last dimension), one distribution per "
                 "token: softmax(router(x), dim=-1).")
+_COUNT_OVER_BATCH = ("an expert's count runs over the whole batch, all n_tokens * k choices routed to it, and the "
+                     "routing is top-k of the softmax over the experts (the last dimension), one distribution per "
+                     "token: softmax(router(x), dim=-1).")
 
 
 def moe_reference(x: torch.Tensor, router_w: torch.Tensor, experts: list[tuple], k: int,
@@ -915,8 +921,7 @@ def check_moe(MoE, FeedForward=None, gelu=None, hidden: bool = False) -> None:
             load = torch.bincount(chosen[kept], minlength=E)
             expect(int(load.max()) <= cap, f"case {i}: an expert processed {int(load.max())} choices, more than its "
                    f"capacity {cap} (counting the kept choices by the expert that top-k over softmax(router(x)) along "
-                   "the experts gives them).", _NEVER_ENFORCED if bool(kept.all()) else "an expert's count runs over "
-                   "the whole batch, all n_tokens * k choices routed to it, and " + _OVER_TOKENS)
+                   "the experts gives them).", _NEVER_ENFORCED if bool(kept.all()) else _COUNT_OVER_BATCH)
             _moe_compare(y, aux.detach(), kept, x, router_w, weights, k, cf, f"case {i}")
             if i == 0:
                 _moe_router_gradient(module, aux, x, router_w, k)

@@ -150,8 +150,10 @@ _ORDER = ("follow the order: repetition penalty on the raw logits, divide by the
 def _label(case: dict) -> str:
     args = [f"{k}={v}" for k, v in case.items() if k not in ("logits", "prev_tokens")]
     top = float(case["logits"].abs().max())
-    size = f" up to {top:.3g} in size" if top > 100 else ""
-    return f"process_logits(logits of shape {tuple(case['logits'].shape)}{size}, {', '.join(args)})"
+    shape, rest = tuple(case["logits"].shape), ", ".join(args)
+    if top > 100:
+        return f"process_logits(logits of shape {shape} up to {top:.3g} in size, {rest})"
+    return f"process_logits(logits of shape {shape}, {rest})"
 
 
 def _compare_processed(got: torch.Tensor, case: dict) -> None:

@@ -106,8 +106,31 @@ def failure_text(what: str, hint: str, into: str | None = None) -> str:
     return f"{translate(what, into)}\n{translate(LIKELY_MISTAKE, into)}{translate(hint, into)}"
 
 
+class Composed(str):
+    """A message made by putting messages into a template, ``composed("{what}: {difference}",
+    what=..., difference=...)``: its text is the English, and :func:`translate` translates each
+    field, then the template, instead of reading the parts back from the finished text (where
+    a label ending in a field could swallow the rest)."""
+
+    template: str
+    fields: dict[str, str]
+
+
+def composed(template: str, **fields: object) -> Composed:
+    """The message ``template`` with its ``{name}`` fields filled from ``fields`` (as ``str``)."""
+    values = {name: value if isinstance(value, str) else str(value) for name, value in fields.items()}
+    message = Composed(_PLACEHOLDER.sub(lambda m: m.group(0)[0] if m.group(1) is None else values[m.group(1)],
+                                        template))
+    message.template, message.fields = template, values
+    return message
+
+
 def _has_fields(text: str) -> bool:
     return any(found.group(1) is not None for found in _PLACEHOLDER.finditer(text))
+
+
+def _unnamed(field: str) -> bool:
+    return re.match(r"[!:]|$", field) is not None
 
 
 class _Template:
@@ -136,11 +159,15 @@ class _Template:
         if found is None:
             return None
         values = dict(zip(self.fields, found.groups()))
+        # unnamed fields ({}, {:g}) by their order; named ones by their text, wherever they are
+        unnamed = iter([v for f, v in zip(self.fields, found.groups()) if _unnamed(f)])
 
         def put(match: re.Match) -> str:
             if match.group(1) is None:
                 return match.group(0)[0]
             field = match.group(1)
+            if _unnamed(field):
+                return translate_field(next(unnamed, ""))
             return translate_field(values[field]) if field in values else match.group(0)
 
         return _PLACEHOLDER.sub(put, self.translated)
@@ -156,6 +183,11 @@ class _Catalog:
 
     def translate(self, message: str, depth: int, holding: str = "") -> str:
         """``message`` translated; ``holding``: only by a template whose English holds it."""
+        if isinstance(message, Composed) and not holding:
+            fields = {name: self.translate(value, depth) for name, value in message.fields.items()}
+            template = self.plain.get(message.template, message.template)
+            return _PLACEHOLDER.sub(lambda m: m.group(0)[0] if m.group(1) is None else fields.get(m.group(1), m.group(0)),
+                                    template)
         known = self.plain.get(message)
         if known is not None:
             return known

@@ -119,3 +119,25 @@ def test_no_template_of_the_checks_has_two_fields_side_by_side():
                 if template and re.search(r"\}\{", text.replace("{{", "").replace("}}", "")):
                     side_by_side.append(f"{source}:{line}: {text[:80]}")
     assert not side_by_side, "\n".join(side_by_side)
+
+
+def test_a_composed_message_translates_its_parts_not_its_text(chinese):
+    """A label template ending in a field ("the counts of {name}") must not swallow the rest of
+    a failure made by putting that label into a wrapper: the wrapper knows its parts."""
+    label = "the counts of merge_pair"
+    message = i18n.composed("{what}: got shape {tuple(got.shape)}, expected {tuple(want.shape)}.",
+                            what=label, **{"tuple(got.shape)": "(2, 3)", "tuple(want.shape)": "(3, 2)"})
+    assert message == "the counts of merge_pair: got shape (2, 3), expected (3, 2)."
+    assert chinese.translate(message, 3) == "merge_pair 的计数：形状为 (2, 3)，应为 (3, 2)。"
+
+
+def test_unnamed_fields_are_filled_in_their_order():
+    template = i18n._Template("seq_len={}, head_dim={}, bytes={:g}", "seq_len={}，head_dim={}，字节={:g}")
+    assert template.fill("seq_len=1024, head_dim=64, bytes=2", str) == "seq_len=1024，head_dim=64，字节=2"
+
+
+def test_composed_templates_are_extracted_however_short(tmp_path):
+    source = tmp_path / "checks.py"
+    source.write_text('fail(composed("{what}: {difference}", what=w, difference=d), "a hint of some words.")\n')
+    found = {text: template for _, text, template in messages.messages_of(source)}
+    assert found == {"{what}: {difference}": True, "a hint of some words.": False}

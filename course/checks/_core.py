@@ -8,6 +8,7 @@ from typing import Any, Callable, Iterator
 
 import torch
 
+from ..i18n import composed
 
 SHOW_TRACEBACK = "(The checker's own traceback is hidden: run %tb in a new cell to see it.)"
 
@@ -247,9 +248,11 @@ def describe_inputs(args: tuple, kwargs: dict) -> str:
 
 
 def expect_tensor(value: Any, shape: tuple[int, ...], what: str) -> torch.Tensor:
-    expect(isinstance(value, torch.Tensor), f"{what} should be a torch.Tensor, got {type(value).__name__}.",
+    expect(isinstance(value, torch.Tensor),
+           composed("{what} should be a torch.Tensor, got {kind}.", what=what, kind=type(value).__name__),
            "return a tensor, not a list or a NumPy array.")
-    expect(tuple(value.shape) == tuple(shape), f"{what} has shape {tuple(value.shape)}, expected {tuple(shape)}.",
+    expect(tuple(value.shape) == tuple(shape),
+           composed("{what} has shape {got}, expected {want}.", what=what, got=tuple(value.shape), want=tuple(shape)),
            "check each reshape/view against the shapes in the docstring.")
     return value
 
@@ -259,15 +262,17 @@ def expect_close(actual: torch.Tensor, expected: torch.Tensor, what: str, hint: 
     """Elementwise closeness with float32 tolerances; the message shows the worst entry."""
     actual = actual.detach().to(expected.dtype)
     if actual.shape != expected.shape:
-        fail(f"{what} has shape {tuple(actual.shape)}, expected {tuple(expected.shape)}.", hint)
+        fail(composed("{what} has shape {got}, expected {want}.", what=what, got=tuple(actual.shape),
+                      want=tuple(expected.shape)), hint)
     if not torch.allclose(actual, expected, atol=atol, rtol=rtol):
         diff = (actual - expected).abs().nan_to_num(float("inf"))
         worst = int(diff.argmax())
         at = tuple(int(i) for i in torch.unravel_index(torch.tensor(worst), diff.shape)) if diff.dim() else ()
         largest = (f"largest difference {diff.max().item():.3g} at index {at[0] if len(at) == 1 else list(at)}"
                    if at else f"largest difference {diff.max().item():.3g}")
-        fail(f"{what} differs from the expected values: {largest} "
-             f"(got {actual.flatten()[worst].item():.6g}, expected {expected.flatten()[worst].item():.6g}).", hint)
+        fail(composed("{what} differs from the expected values: {largest} (got {got}, expected {want}).", what=what,
+                      largest=largest, got=f"{actual.flatten()[worst].item():.6g}",
+                      want=f"{expected.flatten()[worst].item():.6g}"), hint)
 
 
 @contextlib.contextmanager
@@ -491,8 +496,10 @@ def earlier_first(*earlier: tuple[str, Callable[[], None]]) -> Iterator[None]:
         if not failing:
             raise
         (what, inner_hint), others = failing[0], [w for w, _ in failing[1:]]
-        hint = (f"{what}: fix that exercise first. Its test says: {inner_hint} Besides, {'; '.join(others)}."
-                if others else f"{what}: fix that exercise first. Its test says: {inner_hint}")
+        hint = (composed("{what}: fix that exercise first. Its test says: {hint} Besides, {others}.", what=what,
+                         hint=inner_hint, others="; ".join(others))
+                if others else composed("{what}: fix that exercise first. Its test says: {hint}", what=what,
+                                        hint=inner_hint))
         raise CheckFailed.of(err.what, hint, blamed=what) from err
 
 

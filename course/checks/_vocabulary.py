@@ -36,6 +36,7 @@ from typing import Any, Callable, Iterable, Iterator, NoReturn
 
 import torch
 
+from ..i18n import composed
 from ._core import CheckFailed, call, capped, unmeasured
 
 # (atol, rtol) by the dtype of the expected value: what rounding in that dtype allows.
@@ -175,12 +176,14 @@ def compare(got: Any, want: Any, what: str, hint: str, variants: Iterable[tuple[
         return
     why = diagnose(got, variants, hint, tol)
     if isinstance(want, torch.Tensor):
-        fail(f"{what}: {_tensor_difference(got, want)}", why)
+        fail(composed("{what}: {difference}", what=what, difference=_tensor_difference(got, want)), why)
     if isinstance(want, dict) and isinstance(got, dict) and len(want) > 3:
         wrong = {k: (got.get(k), want.get(k)) for k in [*want, *got] if got.get(k) != want.get(k)}
         shown = ", ".join(f"{k!r}: got {g!r}, expected {w!r}" for k, (g, w) in list(wrong.items())[:3])
-        fail(f"{what} is wrong for {len(wrong)} key(s), e.g. {capped(shown, 600)}.", why)
-    fail(f"{what} is {capped(repr(got), 300)}, expected {capped(repr(want), 300)}.", why)
+        fail(composed("{what} is wrong for {count} key(s), e.g. {shown}.", what=what, count=len(wrong),
+                      shown=capped(shown, 600)), why)
+    fail(composed("{what} is {got}, expected {want}.", what=what, got=capped(repr(got), 300),
+                  want=capped(repr(want), 300)), why)
 
 
 def _tensor_difference(got: Any, want: torch.Tensor) -> str:
@@ -248,7 +251,8 @@ def expect_tensor_of(got: Any, shape: tuple[int, ...], dtype: torch.dtype, label
     from ._core import expect_tensor
 
     expect_tensor(got, tuple(shape), label)
-    expect(got.dtype == dtype, f"{label} returned dtype {got.dtype}, expected {dtype}.", hint)
+    expect(got.dtype == dtype, composed("{label} returned dtype {got}, expected {want}.", label=label, got=got.dtype,
+                                        want=dtype), hint)
 
 
 def passes(check: Callable, *answers: Any) -> bool:
@@ -272,7 +276,7 @@ def variants_of(make: Callable[[Any], Any], table: Iterable[tuple[Any, str]]) ->
 def expect_number(got: Any, label: str, hint: str) -> float:
     """``got`` as a float; fails with ``hint`` unless it is a Python number (a bool is not one)."""
     expect(isinstance(got, (int, float)) and not isinstance(got, bool),
-           f"{label} returned {type(got).__name__}, expected a number.", hint)
+           composed("{label} returned {kind}, expected a number.", label=label, kind=type(got).__name__), hint)
     return float(got)
 
 
@@ -281,6 +285,6 @@ def expect_tuple(got: Any, names: str, label: str, hint: str) -> tuple:
     tuple or list of that length."""
     n = len(names.split(","))
     kind = f"{type(got).__name__} of {len(got)} items" if isinstance(got, (tuple, list)) else type(got).__name__
-    expect(isinstance(got, (tuple, list)) and len(got) == n, f"{label} returned {kind}, expected a tuple ({names}).",
-           hint)
+    expect(isinstance(got, (tuple, list)) and len(got) == n,
+           composed("{label} returned {kind}, expected a tuple ({names}).", label=label, kind=kind, names=names), hint)
     return tuple(got)

@@ -20,6 +20,7 @@ from typing import Any, Callable
 import torch
 import torch.nn as nn
 
+from ..i18n import composed
 from ._core import (CheckFailed, call, earlier_answers, earlier_first, expect_tensor, judge_prediction, not_written,
                     own_fault)
 from ._vocabulary import TOLERANCE, Draw, compare, diagnose, draw, expect, fail, judge_configured, matches, when
@@ -561,9 +562,10 @@ def _check_rope_case(apply_rope, x_before: torch.Tensor, positions: torch.Tensor
     compare(got, want.to(dtype), label, fallback, tol=_rope_tol(dtype), variants=_rope_variants(x_before, positions,
                                                                                                base, want) + [
         (when(lambda got: bool(zero.any()) and moved(got)),
-         "at position 0 every angle is 0 and the rotation is the identity. " + fallback),
+         composed("at position 0 every angle is 0 and the rotation is the identity. {fallback}", fallback=fallback)),
         (when(lambda got: dtype != BF16 and not matches(got.norm(dim=-1), x_before.norm(dim=-1), (1e-4, 1e-4))),
-         "both members of a pair must be rotated by the same angle with cos and sin of that angle. " + fallback)])
+         composed("both members of a pair must be rotated by the same angle with cos and sin of that angle. {fallback}",
+                  fallback=fallback))])
 
 
 def _rope_variants(x: torch.Tensor, positions: torch.Tensor, base: float, want: torch.Tensor) -> list[tuple[Any, str]]:
@@ -1114,8 +1116,9 @@ def _attention_variants(case: tuple, tensors: tuple, cache_ok: bool, new_k: torc
          "key and the new keys up to itself (a bottom-right mask; is_causal=True in scaled_dot_product_attention "
          "aligns it to the top left when q_len < k_len)."),
         (bug("hides_diagonal", False), "the mask hides the diagonal: query t must see its own key (j = T_past + t), so "
-         "mask key j only when j > T_past + t (>, not >=)."
-         + (" A query with no earlier key then sees nothing at all, and its softmax is NaN." if T_past == 0 else "")),
+         "mask key j only when j > T_past + t (>, not >=). A query with no earlier key then sees nothing at all, and "
+         "its softmax is NaN." if T_past == 0 else "the mask hides the diagonal: query t must see its own key "
+         "(j = T_past + t), so mask key j only when j > T_past + t (>, not >=)."),
         (bug("no_mask", False, T_new > 1), "the new queries saw later new tokens: mask key j for query t when j > "
          "T_past + t."),
         (bug("no_scale", False), "divide the scores by sqrt(d_head) before the softmax."),

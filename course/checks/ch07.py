@@ -24,6 +24,7 @@ from ..capstone.profiles import ClassifierConfig, LMConfig, Seq2SeqConfig, curre
 from ..capstone.weights import save_checkpoint
 from ..device import get_device
 from . import ch05, ch06
+from ..i18n import composed
 from ._core import (CheckFailed, NotWrittenYet, call, earlier_answers, earlier_first, expect_tensor, forbid,
                     not_written, one_thread, own_fault)
 from ._vocabulary import EXACT, compare, draw, expect, fail, matches, when
@@ -347,12 +348,12 @@ def _check_block_properties(Block, hidden: bool) -> None:
         other_pad, later = block(y, pad_mask=pad), block(z, pad_mask=pad)
     compare(other_pad[0, n_pad:], base[0, n_pad:], "with causal=True and a pad_mask, the outputs at real positions "
             "after a change at the PAD positions",
-            "PAD keys must be hidden while the block is causal: " + _COMBINED_MASK)
+            composed("PAD keys must be hidden while the block is causal: {how}", how=_COMBINED_MASK))
     real = torch.ones(B, t, dtype=torch.bool)
     real[0, :n_pad] = False                                     # a PAD query sees no key: its output is arbitrary
     compare(later[:, :t][real], base[:, :t][real], f"with causal=True and a pad_mask, the outputs at real positions "
             f"before {t} after a change at position {t}",
-            "the block stopped being causal when a pad_mask was given: " + _COMBINED_MASK)
+            composed("the block stopped being causal when a pad_mask was given: {how}", how=_COMBINED_MASK))
 
 
 def _check_model_dropout(build, builder: str, cfg, args: tuple, runs: dict, who: str) -> None:
@@ -1291,13 +1292,14 @@ def _transfer_run(load_encoder, g2p, classifier, g_state: dict, c_state: dict, i
         touched = [k for k in _changed(c_before, c_after) if k in head]
         expect(not touched, f"load_encoder changed the classifier's {_names(touched)}, whose shape holds the "
                f"number of classes: its head.",
-               "leave the head as build_classifier made it: the G2P model has nothing to give it, so only the "
-               "encoder's parts are copied (" + _ENCODER_PARTS + ").")
-        expect(_changed(c_before, c_after), "after load_encoder, every weight of the classifier still had the value "
-               "it had before" + (f" (load_encoder returned {out.__class__.__name__} instead)." if out is not None
-                                  else "."),
-               "copy into the classifier that load_encoder receives, in place (it returns None; the training cell "
-               "ignores what it returns): " + _ENCODER_PARTS + ".")
+               composed("leave the head as build_classifier made it: the G2P model has nothing to give it, so only the "
+                        "encoder's parts are copied ({parts}).", parts=_ENCODER_PARTS))
+        expect(_changed(c_before, c_after),
+               f"after load_encoder, every weight of the classifier still had the value it had before (load_encoder "
+               f"returned {out.__class__.__name__} instead)." if out is not None else
+               "after load_encoder, every weight of the classifier still had the value it had before.",
+               composed("copy into the classifier that load_encoder receives, in place (it returns None; the training "
+                        "cell ignores what it returns): {parts}.", parts=_ENCODER_PARTS))
     with torch.no_grad():
         logits = call(classifier, ids, name="EncoderClassifier.forward")
     expect_tensor(logits, (ids.shape[0], logits.shape[-1]), "classifier logits")
@@ -1342,8 +1344,8 @@ def _check_load_encoder(load_encoder, build_g2p, build_classifier, hidden: bool)
         fail(f"after load_encoder, the classifier's logits are not an affine function of the mean of "
              f"g2p_model.encode(ids)[0] over the real letters ({where}; relative residual {max(own):.2g}): "
              f"its encoder does not compute what the G2P encoder computes.",
-             "copy " + _ENCODER_PARTS + "; the classifier must add the same positions to the same letters and run "
-             "the same blocks in the same order.")
+             composed("copy {parts}; the classifier must add the same positions to the same letters and run the "
+                      "same blocks in the same order.", parts=_ENCODER_PARTS))
     fail(f"after load_encoder, the classifier's logits are an affine function of the G2P encoder's pooled states "
          f"for each of two G2P models, but not the same function ({where}; relative residual {both:.2g}): the "
          f"classifier's final LayerNorm does not hold the G2P encoder's final norm.",
@@ -1429,9 +1431,10 @@ def _result(name: str, value: float, limit: float, better: str, baseline: str, a
     ok = value <= limit if better == "lower" else value >= limit
     print(f"{name}: {value:.4f} (needs {'<=' if better == 'lower' else '>='} {limit}; {baseline})")
     expect(ok, f"{name} {value:.4f} misses the threshold {limit} of the {current_profile().name} profile.",
-           "check the unit tests above first; then the training loss curve: it should fall steadily. "
-           "A flat curve points at the learning rate or the optimizer; a curve that falls while the held-out "
-           "metric stays poor points at a mismatch between training and evaluation (masks, shifting)." + also)
+           composed("check the unit tests above first; then the training loss curve: it should fall steadily. "
+                    "A flat curve points at the learning rate or the optimizer; a curve that falls while the held-out "
+                    "metric stays poor points at a mismatch between training and evaluation (masks, shifting).{also}",
+                    also=also))
 
 
 def _trained(model, exercises: str, then: str = ""):

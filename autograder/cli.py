@@ -119,10 +119,13 @@ def main(argv: list[str] | None = None) -> int:
 
             return run_doctor(GradingSettings.from_env(device=args.device, memory_gb=args.memory))
         if args.command == "check":
-            from .selfcheck import format_report, run_visible_tests
+            from course.i18n import use_language
 
-            results = run_visible_tests(args.notebook, _settings(args))
-            print(format_report(results))
+            from .selfcheck import check_language, format_report, run_visible_tests
+
+            with use_language(check_language(args.notebook)):
+                results = run_visible_tests(args.notebook, _settings(args))
+                print(format_report(results))
             return 0 if results and all(r.passed for r in results) else 1
     except (FileNotFoundError, ValueError, SandboxUnavailable) as err:
         print(f"error: {err}", file=sys.stderr)

@@ -52,14 +52,27 @@ def failure_message(error) -> str:
     return f"{error.ename}: {error.evalue}"
 
 
-@contextlib.contextmanager
-def _kernel_language(nb) -> Iterator[None]:
-    """The checks in the kernel speak the learner's language (course/i18n.py), else the
-    notebook's: a Chinese release self-checks in Chinese."""
+def check_language(path: Path) -> str:
+    """The self-check's language: the learner's (course/i18n.py), else the notebook's (a Chinese
+    release self-checks in Chinese)."""
     from course.i18n import ENGLISH, known_language, language
 
-    ours = known_language(nb.metadata.get("course", {}).get("language"))
-    if language() != ENGLISH or ours == ENGLISH:
+    chosen = language()
+    if chosen != ENGLISH or not Path(path).is_file():
+        return chosen
+    return known_language(contract.read(path).metadata.get("course", {}).get("language"))
+
+
+@contextlib.contextmanager
+def _kernel_language(nb) -> Iterator[None]:
+    """The kernel's checks speak the language of this self-check (the kernel reads it from the
+    environment), the notebook's when the learner chose none."""
+    from course.i18n import ENGLISH, known_language, language
+
+    ours = language()
+    if ours == ENGLISH:
+        ours = known_language(nb.metadata.get("course", {}).get("language"))
+    if ours == ENGLISH or os.environ.get("COURSE_LANGUAGE"):
         yield
         return
     os.environ["COURSE_LANGUAGE"] = ours
@@ -98,14 +111,17 @@ def run_visible_tests(path: Path, settings: GradingSettings) -> list[CellResult]
 
 
 def format_report(results: list[CellResult]) -> str:
-    """One row per test cell; under a failed one, its full message, as the notebook shows it."""
-    lines = [f"{'test cell':<32} {'points':>6}  result"]
+    """One row per test cell; under a failed one, its full message, as the notebook shows it.
+    In the learner's language (course/i18n.py), as the messages are."""
+    from course.i18n import composed, translate
+
+    lines = [f"{translate('test cell'):<32} {translate('points'):>6}  {translate('result')}"]
     for r in results:
-        lines.append(f"{r.grade_id:<32} {r.points:>6g}  {'passed' if r.passed else 'FAILED'}")
+        lines.append(f"{r.grade_id:<32} {r.points:>6g}  {translate('passed') if r.passed else translate('FAILED')}")
         if not r.passed:
-            lines += ["    " + line for line in (r.message or "(no message)").splitlines()]
+            lines += ["    " + line for line in (r.message or translate("(no message)")).splitlines()]
     earned = sum(r.points for r in results if r.passed)
     total = sum(r.points for r in results)
-    lines.append(f"visible tests: {earned:g} / {total:g} points "
-                 "(hidden tests are run by the autograder on fresh inputs)")
+    lines.append(translate(composed("visible tests: {earned} / {total} points (hidden tests are run by the autograder "
+                                    "on fresh inputs)", earned=f"{earned:g}", total=f"{total:g}")))
     return "\n".join(lines)

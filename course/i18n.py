@@ -44,7 +44,7 @@ def language() -> str:
     named = os.environ.get("COURSE_LANGUAGE", "").strip()
     if not named and SETTING_FILE.is_file():
         named = SETTING_FILE.read_text(encoding="utf-8").strip()
-    return named or ENGLISH
+    return known_language(named)
 
 
 @contextlib.contextmanager

@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # catalog name -> the source files whose messages it holds
 SOURCES = {
     "common": ["course/i18n.py", "course/checks/_core.py", "course/checks/_vocabulary.py",
-               "course/checks/_recorders.py", "autograder/remote.py"],
+               "course/checks/_recorders.py", "autograder/remote.py", "autograder/selfcheck.py"],
     "feedback": ["autograder/feedback_static/page.html.j2"],
     **{f"ch0{n}": [f"course/checks/ch0{n}.py"] for n in range(1, 8)},
 }
@@ -70,10 +70,12 @@ def messages_of(path: Path) -> list[tuple[int, str, bool]]:
     skip = _not_messages(tree)
     found = []
     for node in ast.walk(tree):
-        # composed("{what}: {difference}", ...): a template however few its words (course/i18n.py)
-        if (isinstance(node, ast.Call) and getattr(node.func, "id", getattr(node.func, "attr", "")) == "composed"
-                and node.args and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str)):
-            found.append((node.lineno, node.args[0].value, True))
+        # composed("{what}: {difference}", ...) and translate("passed"): messages however few their
+        # words (course/i18n.py); a composed one is a template
+        called = getattr(node.func, "id", getattr(node.func, "attr", "")) if isinstance(node, ast.Call) else ""
+        if (called in ("composed", "translate") and node.args and isinstance(node.args[0], ast.Constant)
+                and isinstance(node.args[0].value, str)):
+            found.append((node.lineno, node.args[0].value, called == "composed"))
             skip.add(id(node.args[0]))
         if id(node) in skip:
             continue

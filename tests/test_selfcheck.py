@@ -50,3 +50,31 @@ def test_self_check_shows_the_full_message_and_no_kernel_chatter(tmp_path):
 def test_self_check_names_a_missing_notebook(tmp_path):
     done = _check(tmp_path / "nope.ipynb")
     assert done.returncode == 2 and "No notebook at" in done.stderr
+
+
+def test_self_check_of_a_chinese_notebook_speaks_chinese(tmp_path):
+    """The Chinese release self-checks in Chinese with no setting made: the kernel's checks give
+    the likely mistake through the catalogs, the report's own words too; `%tb`'s line stays out."""
+    import copy
+
+    import nbformat
+
+    from course.i18n import LIKELY_MISTAKE, translate
+    from mistakes import mistakes_for
+    from notebook_tools import grade_id
+
+    mistake = next(m for m in mistakes_for("ch01_embeddings") if m.name == "embedding_std_one")
+    answers = mistake.apply(solution_answers("ch01_embeddings"))
+    nb = copy.deepcopy(nbformat.read(ROOT / "exercises-zh" / "ch01_embeddings" / "ch01_embeddings.ipynb", 4))
+    for cell in nb.cells:
+        if grade_id(cell) in answers:
+            cell.source = answers[grade_id(cell)]
+    path = tmp_path / "wrong.ipynb"
+    nbformat.write(nb, path)
+    done = subprocess.run([sys.executable, "-m", "autograder", "check", str(path), "--timeout", "60"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=600, env={**__import__("os").environ,
+                                                                            "COURSE_LANGUAGE": ""})
+    assert done.returncode == 1, done.stdout + done.stderr
+    failed = done.stdout.split(translate("FAILED", "zh_CN") + "\n", 1)[1]
+    assert translate(LIKELY_MISTAKE, "zh_CN") in failed and mistake.hint not in failed, done.stdout
+    assert translate("passed", "zh_CN") in done.stdout and "%tb" not in done.stdout, done.stdout

@@ -557,8 +557,8 @@ def _check_mha_config(MultiHeadAttention, d, d_model: int, n_heads: int, bias: b
     module = call(MultiHeadAttention, d_model, n_heads, bias=bias, name="MultiHeadAttention(...)")
     for name, sub in module.named_modules():
         expect(not isinstance(sub, nn.MultiheadAttention), f"MultiHeadAttention contains an nn.MultiheadAttention "
-               f"({name or 'the module itself'}).", "this exercise asks you to build the layer from four nn.Linear "
-               "layers; nn.MultiheadAttention is the oracle the tests compare against.")
+               f"({name or 'the module itself'}).", "this exercise asks you to build the layer from two nn.Linear "
+               "layers, qkv and out_proj; nn.MultiheadAttention is the oracle the tests compare against.")
     for attr, d_out in (("qkv", 3 * d_model), ("out_proj", d_model)):
         _check_linear(module, attr, d_model, d_out, bias)
     ref = _reference_layer(module, d, d_model, n_heads, bias, dtype)

@@ -1510,7 +1510,7 @@ def grade_g2p(model, greedy_decode, beam_search) -> None:
           f"(greedy on the same words: PER {gper:.4f} WER {gwer:.4f})")
     print(f"saved {save_checkpoint(model, 'g2p', profile.name, CHECKPOINTS / 'g2p.pt', dry_run=profile.dry_run)}")
     _result(f"phoneme error rate on {len(words)} held-out words", per, profile.thresholds.g2p_max_per, "lower",
-            "copying nothing scores 1.0")
+            "an empty prediction scores 1.0")
     _result("word error rate", wer, profile.thresholds.g2p_max_wer, "lower", "trivial baseline 1.0")
 
 

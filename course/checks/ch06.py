@@ -22,6 +22,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from ..i18n import composed
 from . import _core, ch03
 from ._core import CheckFailed, call, earlier_answers, earlier_first, expect_tensor, one_thread as _one_thread
 from ._core import own_fault, unmeasured
@@ -1845,3 +1846,438 @@ def check_paged_attention(paged_attention, grouped_query_attention=None, scaled_
                     "order; query i is at position lengths[b] - T_q + i and sees keys 0 up to it.",
                     variants=[(ref(kw(q.shape[2]) if callable(kw) else kw), hint) for kw, hint in _PAGED_VARIANTS],
                     tol=_F32 if q.dtype == torch.float32 else None)
+
+# ----------------------------------------------------------------------------- exercise 10: continuous batching
+# Oracles: each request run alone, greedy, by a one-layer model of our own over its whole sequence in float64 (no
+# cache, no batch), which gives every token a request may emit; and a scheduler of abstract sequences (a waiting
+# queue, a running batch, the cached length of each sequence and the blocks it holds) fed those tokens, which says
+# what a correct step returns and leaves in the cache, run again with each bug of the hints to name it. The model
+# records the tokens and positions of its calls, read after each step.
+
+
+class BatchLM(nn.Module):
+    """The one-layer decoder the scheduler runs: ``model(tokens, positions)`` with tokens and positions (B, T) long
+    -> q (B, n_heads, T, d_head), k and v (B, T, n_kv_heads, d_head) (a key and a value per token, as
+    ``PagedKVCache.append`` takes them); ``model.logits(attention)`` with attention (B, n_heads, T, d_head) -> logits
+    (B, T, vocab_size). Token and learned position embeddings, then the projections; the logits read the attention
+    output alone, so every token depends on the keys and values its query reads. It records the tokens and
+    positions of its calls in buffers (the grader gets a module's state back from the kernel, not its attributes)."""
+
+    MAX_CALLS, MAX_ROWS, MAX_T = 96, 8, 12
+
+    def __init__(self, vocab_size: int, d_model: int, n_heads: int, n_kv_heads: int, max_positions: int = 32):
+        super().__init__()
+        self.n_heads, self.n_kv_heads, self.d_head = n_heads, n_kv_heads, d_model // n_heads
+        kv_width = n_kv_heads * self.d_head
+        self.embed, self.pos = nn.Embedding(vocab_size, d_model), nn.Embedding(max_positions, d_model)
+        self.wq, self.wk, self.wv = (nn.Linear(d_model, width, bias=False) for width in (d_model, kv_width, kv_width))
+        self.head = nn.Linear(d_model, vocab_size, bias=False)
+        self.register_buffer("calls", torch.zeros((), dtype=torch.long))
+        self.register_buffer("rec_shape", torch.zeros(self.MAX_CALLS, 2, dtype=torch.long))          # B, T
+        self.register_buffer("rec", torch.zeros(self.MAX_CALLS, self.MAX_ROWS, self.MAX_T, 2, dtype=torch.long))
+
+    def records(self, start: int = 0) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """(tokens (B, T), positions (B, T)) of the recorded calls from ``start`` on."""
+        out = []
+        for c in range(start, min(int(self.calls), self.MAX_CALLS)):
+            B, T = self.rec_shape[c].tolist()
+            out.append((self.rec[c, :B, :T, 0], self.rec[c, :B, :T, 1]))
+        return out
+
+    @torch.no_grad()
+    def forward(self, tokens: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        _core.expect(isinstance(tokens, torch.Tensor) and isinstance(positions, torch.Tensor) and tokens.dim() == 2
+                     and tuple(positions.shape) == tuple(tokens.shape),
+                     f"the model was called with tokens {_core.describe(tokens)} and positions "
+                     f"{_core.describe(positions)}.",
+                     "call model(tokens, positions) with two long tensors of the same shape (B, T): (1, len(prompt)) "
+                     "for a prefill, (B, 1) for a decode step.")
+        B, T = tokens.shape
+        c = int(self.calls)
+        self.calls += 1
+        if c < self.MAX_CALLS and B <= self.MAX_ROWS and T <= self.MAX_T:
+            self.rec_shape[c] = torch.tensor([B, T])
+            self.rec[c, :B, :T, 0], self.rec[c, :B, :T, 1] = tokens.long().cpu(), positions.long().cpu()
+        x = self.embed(tokens.long()) + self.pos(positions.long().clamp(0, self.pos.num_embeddings - 1))
+        q = self.wq(x).view(B, T, self.n_heads, self.d_head).transpose(1, 2)      # (B, n_heads, T, d_head)
+        k = self.wk(x).view(B, T, self.n_kv_heads, self.d_head)                   # (B, T, n_kv_heads, d_head)
+        return q, k, self.wv(x).view(B, T, self.n_kv_heads, self.d_head)
+
+    @torch.no_grad()
+    def logits(self, attention: torch.Tensor) -> torch.Tensor:
+        _core.expect(isinstance(attention, torch.Tensor) and attention.dim() == 4
+                     and tuple(attention.shape[1::2]) == (self.n_heads, self.d_head),
+                     f"model.logits was called with {_core.describe(attention)}, expected (B, {self.n_heads}, T, "
+                     f"{self.d_head}).", "pass model.logits what paged_attention returns: (B, n_heads, T, d_head).")
+        B, _, T, _ = attention.shape
+        return self.head(attention.to(self.head.weight.dtype).transpose(1, 2).reshape(B, T, -1))
+
+
+def _alone(model: BatchLM, prompt: list[int], n_new: int) -> tuple[list[int], float]:
+    """Request ``prompt`` alone, greedy, no end token: its n_new tokens, each from attention over the whole
+    sequence so far in float64; and the smallest gap between the best and the second logit."""
+    w = {name: t.double() for name, t in model.state_dict().items() if t.is_floating_point()}
+    H, n_kv, D = model.n_heads, model.n_kv_heads, model.d_head
+    seq, gap = list(prompt), math.inf
+    for _ in range(n_new):
+        x = w["embed.weight"][torch.tensor(seq)] + w["pos.weight"][:len(seq)]          # (T, d_model)
+        q = (x[-1] @ w["wq.weight"].T).view(H, D)
+        k, v = ((x @ w[name].T).view(len(seq), n_kv, D).repeat_interleave(H // n_kv, dim=1) for name in
+                ("wk.weight", "wv.weight"))                                              # (T, H, D): head h reads h // g
+        p = (torch.einsum("hd,thd->ht", q, k) / math.sqrt(D)).softmax(-1)
+        logits = w["head.weight"] @ torch.einsum("ht,thd->hd", p, v).reshape(-1)
+        top = logits.topk(2).values
+        gap = min(gap, float(top[0] - top[1]))
+        seq.append(int(logits.argmax()))
+    return seq[len(prompt):], gap
+
+
+_SAME_STEP = ("a sequence that emits eos_id or its max_new_tokens-th token leaves in the same step: return it in "
+              "finished and free its blocks in that step, so that the next step can admit a waiting request into its "
+              "slot and blocks.")
+_SCHEDULE_BUGS = [   # (variant, hint): a scheduler with this bug gives the same readings
+    ("lifo", "first come, first served: admit from the front of waiting (the request that arrived first), not from "
+     "its end."),
+    ("overtake", "admission stops at the first waiting request that does not fit: a later, smaller request does not "
+     "overtake it (first come, first served), or a long prompt could wait for ever."),
+    ("no_reservation", "the free blocks are not all free to admit into: each running sequence may still grow to "
+     "len(prompt) + max_new_tokens - 1 tokens, and the blocks it will take by then are promised to it. Admit only "
+     "into the free blocks less those promised."),
+    ("double_count", "a running sequence is promised only the blocks it may still take: ceil(its largest length / "
+     "block_size) less the blocks it holds already (len(cache.block_tables[s])), which num_free_blocks() no longer "
+     "counts as free."),
+    ("reserve_last", "the last token a request emits is never fed back, so it is never stored: a request holds at "
+     "most len(prompt) + max_new_tokens - 1 tokens in the cache, and needs the blocks of that many."),
+    ("no_free", "a finished sequence gives its blocks back: call cache.free(seq_id) when it leaves the batch, or the "
+     "pool runs dry and no request is admitted again."),
+    ("retire_first", _SAME_STEP),
+    ("retire_after_admit", _SAME_STEP),
+    ("eos_hidden", "the end token is part of the output: a sequence that emits eos_id keeps it as its last token, "
+     "then leaves the batch."),
+    ("no_eos", "a sequence stops at eos_id: once it has emitted the end token it leaves the batch, even before "
+     "max_new_tokens tokens."),
+    ("batch_plus_one", "at most max_batch sequences run at once: admit while len(running) < max_batch."),
+]
+_STEP = ("each step, in this order: admit the waiting requests from the front while a slot is free and the blocks "
+         "they may need fit, prefilling each; decode the sequences that were running before the step in one call; "
+         "then retire those that emitted eos_id or max_new_tokens tokens, freeing their blocks.")
+_DECODED_AGAIN = ("a finished sequence leaves running: return it in finished only, or the next step decodes it again "
+                  "after its blocks were freed.")
+_ONE_CALL = ("decode every running sequence in one batched call of the model, tokens of shape (B, 1): one decode call "
+             "per step, not one per sequence.")
+_ADMITTED_DECODED = ("a request admitted in this step has its first token from its prefill already: the decode call "
+                     "feeds only the sequences that were running before the step.")
+_CALL_ORDER = ("call the model once per admitted request (its prompt, tokens of shape (1, L)), then once for the "
+               "decode of the sequences that were running before the step, in that order.")
+_FEED = "the decode feeds each running sequence's last emitted token, running[s][-1], one per row."
+_FREED_EARLY = ("a sequence was fed at position 0, as if it were new: its blocks were freed before its last token "
+                "was decoded. Free a sequence only when it leaves running, after the decode.")
+_POSITION = ("the token fed for sequence s sits at position cache.lengths[s], the number of tokens cached before it: "
+             "read it before appending the token's key and value.")
+_PREFILL = "the prefill feeds the whole prompt in one call: tokens of shape (1, L) at positions 0, 1, ..., L - 1."
+_OWN_ID = ("each request is a sequence of its own in the cache, under its own seq_id: append its prompt and tokens "
+           "with cache.append(seq_id, ...), not under a row or slot number.")
+_ALONE = ("a request's tokens must be those it gets alone: row b of q reads its own sequence, so row b of "
+          "block_tables and lengths belongs to the sequence of row b of q (build them in the same order), and "
+          "each request's keys and values go to its own sequence.")
+
+
+def _blocks(n: int, size: int) -> int:
+    return -(-n // size)
+
+
+def _schedule(case: dict, variant: str = "ok") -> list:
+    """What the scheduler's readings are after each step (:func:`_reading`), for a correct scheduler ("ok") or
+    one with a bug of :data:`_SCHEDULE_BUGS`; "raised" where it runs out of blocks (and the trace ends)."""
+    size, max_new, eos, num_blocks = case["block_size"], case["max_new_tokens"], case["eos_id"], case["num_blocks"]
+    waiting, running, lengths, hidden_end, trace, done = [], {}, {}, set(), [], 0
+    free = lambda: num_blocks - sum(_blocks(n, size) for n in lengths.values())  # noqa: E731
+
+    def ended(s):
+        tokens = running[s]
+        return (len(tokens) == max_new or s in hidden_end or
+                (variant != "no_eos" and bool(tokens) and tokens[-1] == eos))
+
+    def emit(s, token):
+        if variant == "eos_hidden" and token == eos:
+            hidden_end.add(s)
+        else:
+            running[s].append(token)
+
+    def retire(finished):
+        for s in [s for s in running if ended(s)]:
+            finished[s] = running.pop(s)
+            if variant != "no_free":
+                del lengths[s]
+
+    for step in range(case["steps"]):
+        waiting += [r for at, r in case["arrivals"] if at == step]
+        finished, j = {}, 0
+        if variant == "retire_first":       # retires what ended in the last step, before admitting
+            retire(finished)
+        decoding = list(running)
+        while j < len(waiting) and len(running) < case["max_batch"] + (variant == "batch_plus_one"):
+            r = waiting[-1] if variant == "lifo" else waiting[j]
+            promised = sum(_blocks(lengths[s] + max_new - len(t), size) -
+                           (0 if variant == "double_count" else _blocks(lengths[s], size)) for s, t in running.items())
+            need = _blocks(len(case["prompts"][r]) + max_new - (variant != "reserve_last"), size)
+            if need > free() - (0 if variant == "no_reservation" else promised):
+                if variant == "overtake":
+                    j += 1
+                    continue
+                break
+            waiting.remove(r)
+            lengths[r], running[r] = len(case["prompts"][r]), []
+            emit(r, case["alone"][r][0])
+        if variant == "retire_after_admit":        # retires what ended in the last step, after admitting
+            retire(finished)
+            decoding = [s for s in decoding if s in running]
+        for s in decoding:
+            if lengths[s] % size == 0 and free() == 0:
+                return trace + ["raised"]
+            lengths[s] += 1
+            emit(s, case["alone"][s][len(running[s])])
+        if not variant.startswith("retire_"):
+            retire(finished)
+        done += len(finished)
+        trace.append(_reading(running, [r for r in waiting], finished, lengths, free()))
+        if done == len(case["prompts"]):
+            break
+    return trace
+
+
+def _reading(running: dict, waiting: list, finished: dict, lengths: dict, free: int) -> tuple:
+    """What the check reads after a step: the waiting ids in order, the running and finished sequences with their
+    tokens, the cache's lengths and its number of free blocks."""
+    return (tuple(waiting), tuple(sorted((s, tuple(t)) for s, t in running.items())),
+            tuple(sorted((s, tuple(t)) for s, t in finished.items())), tuple(sorted(lengths.items())), free)
+
+
+def _shown_reading(reading) -> str:
+    if reading == "raised":
+        return "it ran out of blocks"
+    waiting, running, finished, lengths, free = reading
+    return (f"running {dict((s, list(t)) for s, t in running)}, waiting ids {list(waiting)}, finished "
+            f"{dict((s, list(t)) for s, t in finished)}; the cache holds lengths {dict(lengths)} with {free} free "
+            "blocks")
+
+
+def _batching_case(d, dtype: torch.dtype) -> dict:
+    """A drawn workload: a model whose greedy choices are clear (redrawn until every gap between the best two
+    logits is above 1e-3), 5 to 8 requests with ids in no order, prompts of 1 to 10 tokens arriving over the first
+    8 steps (3 in a rush), an end token that ends some requests before max_new_tokens and not others, and a pool from the largest
+    request's need to twice that (where the blocks decide who is admitted) or one of room for max_batch + 1 of the
+    largest (where the batch size does)."""
+    for _ in range(20):
+        n_kv, d_head = d.rng.randrange(1, 3), d.rng.choice([4, 8])
+        n_heads, vocab = n_kv * d.rng.randrange(1, 3), d.rng.randrange(10, 24)
+        with d.seeded():
+            model = BatchLM(vocab, n_heads * d_head, n_heads, n_kv)
+        with torch.no_grad():
+            model.head.weight.mul_(4.0)     # sharper logits
+        ids = d.rng.sample(range(10, 100), d.rng.randrange(5, 9))   # never a row or slot number
+        prompts = {r: d.randint(0, vocab, (d.rng.randrange(1, 11),)) for r in ids}
+        max_new = d.rng.randrange(3, 8)
+        runs = {r: _alone(model, prompts[r].tolist(), max_new) for r in ids}
+        if min(gap for _, gap in runs.values()) > 1e-3:
+            break
+    alone = {r: tokens for r, (tokens, _) in runs.items()}
+
+    def spread(t):   # ends some requests early and not all: both ways of leaving are seen
+        firsts = [a.index(t) for a in alone.values() if t in a[:-1]]
+        return (0 < len(firsts) < len(ids), len(set(firsts)), d.rng.random())
+    eos = max(range(vocab), key=spread)
+    size = d.rng.choice([1, 2, 3, 4, 5, 8])
+    largest = max(_blocks(len(p) + max_new - 1, size) for p in prompts.values())
+    roomy = d.rng.random() < 0.3            # a pool where the batch fills before the blocks run out, and a rush
+    arrivals, max_batch = sorted(d.rng.randrange(0, 3 if roomy else 8) for _ in ids), d.rng.randrange(2, 5)
+    case = dict(model=model.to(dtype), prompts=prompts, alone=alone, eos_id=eos, max_new_tokens=max_new,
+                max_batch=max_batch, block_size=size,
+                num_blocks=(max_batch + 1) * largest if roomy else largest + d.rng.randrange(0, largest + 1),
+                arrivals=list(zip([0] + arrivals[1:], ids)), dtype=dtype, steps=200)
+    case["traces"] = {v: _schedule(case, v) for v in ["ok", *(v for v, _ in _SCHEDULE_BUGS)]}
+    return case
+
+
+def _batching_cases(d) -> list[dict]:
+    """Workloads drawn until each bug of :data:`_SCHEDULE_BUGS` changes the readings of one of them (at most 24
+    drawn): one or more for the visible test, three or more for the hidden one, float32 and float64 in turn."""
+    cases, missing = [], {v for v, _ in _SCHEDULE_BUGS}
+    for i in range(24):
+        case = _batching_case(d.sub(f"case{i}"), (torch.float64, torch.float32)[i % 2] if d.hidden else torch.float32)
+        changed = {v for v in missing if case["traces"][v] != case["traces"]["ok"]}
+        if changed or len(cases) < (3 if d.hidden else 1):
+            cases.append(case)
+            missing -= changed
+        if not missing and len(cases) >= (3 if d.hidden else 1):
+            break
+    return cases
+
+
+@_one_thread
+def check_batch_step(batch_step, PagedKVCache, paged_attention=None, grouped_query_attention=None,
+                     scaled_dot_product_attention=None, hidden: bool = False) -> None:
+    """Workloads of requests arriving over time, run step by step by the answer on its own PagedKVCache: after each
+    step, what it returns, what its cache holds and what it fed the model, against a correct scheduler fed each
+    request's tokens alone; a failure that exercise 9's cache or attention also has is blamed on it."""
+    d = draw("batch_step", hidden)
+    tools = {"scaled_dot_product_attention": scaled_dot_product_attention,
+             "grouped_query_attention": grouped_query_attention}
+    earlier = [("batch_step runs on your PagedKVCache (exercise 9), which fails its tests",
+                functools.partial(check_paged_kv_cache, PagedKVCache, hidden))]
+    if paged_attention is not None:
+        earlier.append(("batch_step calls your paged_attention (exercise 9), which fails its tests",
+                        functools.partial(check_paged_attention, paged_attention, *tools.values(), hidden=hidden)))
+    with earlier_first(*earlier):
+        for case in _batching_cases(d):
+            _run_batching(batch_step, PagedKVCache, case)
+
+
+def _describe_case(case: dict) -> str:
+    ids = [r for _, r in case["arrivals"]]
+    return (f"{len(ids)} requests (ids {ids}, prompts of {[len(case['prompts'][r]) for r in ids]} tokens, arriving "
+            f"at steps {[at for at, _ in case['arrivals']]}), max_batch={case['max_batch']}, "
+            f"eos_id={case['eos_id']}, max_new_tokens={case['max_new_tokens']}, a PagedKVCache of "
+            f"{case['num_blocks']} blocks of {case['block_size']} tokens, {str(case['dtype'])[6:]}")
+
+
+class _Scheduler:
+    """The answer's scheduler run on one workload, one step at a time, with what the check read after each."""
+
+    def __init__(self, batch_step, PagedKVCache, case: dict) -> None:
+        self.batch_step, self.case, self.model = batch_step, case, case["model"]
+        model = self.model
+        shape = (case["num_blocks"], case["block_size"], model.n_kv_heads, model.d_head)
+        self.label = _describe_case(case)
+        self.cache = call(PagedKVCache, *shape, dtype=case["dtype"], name=f"PagedKVCache{shape}")
+        self.running, self.waiting, self.lengths, self.seen, self.calls = {}, [], {}, [], 0
+        self.step = -1
+
+    def next(self) -> tuple:
+        """Run the next step; returns (what, before, finished, error): ``before`` the running sequences and the
+        cache's lengths before it; the reading is appended to ``seen`` ("raised" when it ran out of blocks)."""
+        self.step += 1
+        case = self.case
+        self.waiting += [r for at, r in case["arrivals"] if at == self.step]
+        what = f"batch_step at step {self.step} of a workload of {self.label}"
+        before = (dict(self.running), dict(self.lengths))
+        waiting = [(r, case["prompts"][r].clone()) for r in self.waiting]
+        try:
+            out = self.batch_step(self.model, self.cache, {s: list(t) for s, t in self.running.items()}, waiting,
+                                  case["max_batch"], case["eos_id"], case["max_new_tokens"])
+        except NotImplementedError as err:
+            raise _core.not_written(err, "batch_step") from err
+        except CheckFailed:
+            raise
+        except Exception as err:  # noqa: BLE001 - judged by the caller
+            self.seen.append("raised")
+            return what, before, {}, err
+        finished = self._read(out, what)
+        self.seen.append(_reading(self.running, self.waiting, finished, self.lengths, self.free))
+        return what, before, finished, None
+
+    def _read(self, out, what: str) -> dict:
+        shape_hint = ("return (running, waiting, finished): running {seq_id: [tokens emitted]}, waiting [(seq_id, "
+                      "prompt)] in arrival order, finished {seq_id: [tokens emitted]} of the sequences that left in "
+                      "this step.")
+        with own_fault():
+            expect(isinstance(out, (tuple, list)) and len(out) == 3, f"{what} returned {_core.describe(out)}, "
+                   "expected a tuple (running, waiting, finished).", shape_hint)
+            running, waiting, finished = out
+            try:
+                self.running = {int(s): [int(t) for t in tokens] for s, tokens in dict(running).items()}
+                finished = {int(s): [int(t) for t in tokens] for s, tokens in dict(finished).items()}
+                self.waiting = [int(item[0]) for item in waiting]
+            except (TypeError, ValueError, IndexError, KeyError):
+                fail(f"{what} returned running {_core.describe(running)}, waiting {_core.describe(waiting)} and "
+                     f"finished {_core.describe(finished)}.", shape_hint)
+        lengths = call(getattr, self.cache, "lengths", name="PagedKVCache.lengths")
+        self.lengths = {int(s): int(n) for s, n in dict(lengths).items()}
+        self.free = int(call(self.cache.num_free_blocks, name="PagedKVCache.num_free_blocks"))
+        return finished
+
+    def new_calls(self) -> list | None:
+        """The model's calls since the last time this was asked; None when there were more than it records."""
+        n = int(self.model.calls)
+        calls = self.model.records(self.calls) if n <= self.model.MAX_CALLS else None
+        self.calls = n
+        return calls
+
+
+def _run_batching(batch_step, PagedKVCache, case: dict) -> None:
+    run = _Scheduler(batch_step, PagedKVCache, case)
+    for want in case["traces"]["ok"]:
+        what, before, finished, error = run.next()
+        calls = run.new_calls()
+        if run.seen[-1] != want:
+            _blame_schedule(run, what, before, finished, error, calls)
+        _check_step_calls(what, before, (run.running, finished), calls, case["prompts"])
+
+
+def _blame_schedule(run: _Scheduler, what: str, before: tuple, finished: dict, error, calls) -> None:
+    """The step's readings differ from a correct scheduler's: the bug whose scheduler gives the same readings so
+    far (the workload goes on while several do), else what the step itself shows."""
+    traces, seen = run.case["traces"], run.seen
+    want = traces["ok"][len(seen) - 1]
+    got = f"it raised {type(error).__name__}: {_core.capped(str(error), 200)}" if error is not None else \
+        _shown_reading(seen[-1])
+    problem = composed("{what}: {got}; expected {want}.", what=what, got=got, want=_shown_reading(want))
+    after, lengths = (dict(run.running), finished), dict(run.lengths)
+    follows = lambda: [(v, h) for v, h in _SCHEDULE_BUGS if traces[v][:len(seen)] == seen]  # noqa: E731
+    bugs = follows()
+    while len(bugs) > 1 and seen[-1] != "raised" and len(seen) < max(len(traces[v]) for v, _ in bugs):
+        run.next()
+        run.new_calls()
+        if not follows():
+            break
+        bugs = follows()
+    with own_fault():
+        if len(bugs) > 1:           # the whole workload fits two bugs: both are named
+            fail(problem, composed("{first} Or else: {second}", first=bugs[0][1], second=bugs[1][1]))
+        if bugs:
+            fail(problem, bugs[0][1])
+    if error is not None:
+        try:
+            foreign = set(dict(getattr(run.cache, "lengths"))) - set(run.case["prompts"])
+        except Exception:  # noqa: BLE001 - a cache that cannot be read says nothing more
+            foreign = set()
+        hint = _OWN_ID if foreign else _STEP if isinstance(error, RuntimeError) else \
+            "read the traceback above this message; the inputs were valid for the spec."
+        raise CheckFailed.of(problem, hint) from error
+    expect(not set(after[0]) & set(after[1]), problem, _DECODED_AGAIN)
+    _check_step_calls(what, before, after, calls, run.case["prompts"])
+    expect(set(lengths) <= set(run.case["prompts"]), problem, _OWN_ID)
+    alone = run.case["alone"]
+    expect(all(t == alone[s][:len(t)] for s, t in [*after[0].items(), *after[1].items()] if s in alone), problem,
+           _ALONE)
+    fail(problem, _STEP)
+
+
+def _check_step_calls(what: str, before: tuple, after: tuple, calls: list | None, prompts: dict) -> None:
+    """The model's calls in one step: a prefill per admitted request, then one decode call for the sequences that
+    were running before the step. ``before``: (running, cache lengths) before the step; ``after``: (running,
+    finished) after it."""
+    (running, lengths), n = before, len(before[0])
+    new = [s for s in [*after[0], *after[1]] if s not in running]
+    count = (f"{what}: the model was called {'more than 96' if calls is None else len(calls)} times for "
+             f"{len(new)} admitted request(s) and {n} sequence(s) running before the step.")
+    expect(calls is not None, count, _ONE_CALL)
+    expect(len(calls) <= len(new) + 1 or n < 2 or not all(tuple(t.shape) == (1, 1) for t, _ in calls[-n:]), count,
+           _ONE_CALL)
+    last = tuple(calls[-1][0].shape) if calls else None
+    expect(not new or len(calls) != len(new) + 1 or last != (n + len(new), 1), f"{what}: the last call of the model "
+           f"fed tokens of shape {last}, for {len(new)} admitted request(s) and {n} sequence(s) running before the "
+           "step.", _ADMITTED_DECODED)
+    expect(len(calls) == len(new) + bool(n) and (not n or last == (n, 1)), count, _CALL_ORDER)
+    if n:
+        tokens, positions = calls[-1]
+        want = sorted((running[s][-1], lengths[s]) for s in running)
+        got = sorted(zip(tokens[:, 0].tolist(), positions[:, 0].tolist()))
+        row = f"{what}: the decode call fed (token, position) pairs {got}, expected {want} (in any row order)."
+        expect(sorted(t for t, _ in got) == sorted(t for t, _ in want), row, _FEED)
+        expect(all(p > 0 for _, p in got), row, _FREED_EARLY)
+        expect(got == want, row, _POSITION)
+    fed = sorted((t[0].tolist(), p[0].tolist()) for t, p in (calls[:-1] if n else calls))
+    expect(fed == sorted((prompts[s].tolist(), list(range(len(prompts[s])))) for s in new),
+           f"{what}: the prefill calls fed (tokens, positions) {fed}; the prompts admitted were "
+           f"{[prompts[s].tolist() for s in new]}.", _PREFILL)

@@ -1,6 +1,6 @@
 """Chapter 6: common mistakes, each of which must lose points and get its own hint."""
 
-from notebook_tools import Mistake
+from notebook_tools import Mistake, TwoMistakes
 
 _COPY_ON_WRITE = (
     "        if start % self.block_size and self.ref_counts[table[-1]] > 1:       # a shared, partly filled last block\n"
@@ -12,6 +12,13 @@ _COPY_ON_WRITE = (
 _QUERY_POSITIONS = "queries = lengths[:, None] - T_q + torch.arange(T_q, device=q.device)"
 # The pasted grouped_query_attention splits the query heads as (group, n_kv_heads): chapter 3's own mistake.
 from mistakes.ch03_attention import _GQA_HEADS_TILED  # noqa: E402
+
+# Continuous batching: the retire loop, and the line that remembers who was running before the step.
+_RETIRE = ("    for s, tokens in list(running.items()):\n"
+           "        if tokens[-1] == eos_id or len(tokens) == max_new_tokens:\n"
+           "            finished[s] = running.pop(s)\n"
+           "            cache.free(s)\n")
+_DECODING = "    decoding = list(running)                                           # those running before this step\n"
 
 _TOP_P_BEFORE_T = ("        probs = torch.softmax(x, dim=-1)\n",
                    "        probs = torch.softmax(x * temperature, dim=-1)\n")
@@ -312,6 +319,69 @@ MISTAKES = [
     Mistake("paged_mask_top_left", "ex9_answer", _QUERY_POSITIONS,
             "queries = torch.arange(T_q, device=q.device).expand(B, T_q)", ("ex9_visible", "ex9_hidden"),
             "aligned top-left"),
+    # ---------------------------------------------------------------- 10: continuous batching
+    TwoMistakes("batching_lifo", "ex10_answer", "        seq_id, prompt = waiting[0]\n",
+                "        seq_id, prompt = waiting[-1]\n", ("ex10_visible", "ex10_hidden"),
+                "first come, first served: admit from the front",
+                cell2="ex10_answer", old2="        waiting.pop(0)\n", new2="        waiting.pop()\n"),
+    TwoMistakes("batching_later_request_overtakes", "ex10_answer",
+                "    while waiting and len(running) < max_batch:\n        seq_id, prompt = waiting[0]\n",
+                "    for seq_id, prompt in list(waiting):\n        if len(running) == max_batch:\n            break\n",
+                ("ex10_visible", "ex10_hidden"), "does not overtake", cell2="ex10_answer",
+                old2="            break                                                      # first come, first served: "
+                     "the rest wait\n        waiting.pop(0)\n",
+                new2="            continue                                                   # a later one may fit\n"
+                     "        waiting = [w for w in waiting if w[0] != seq_id]\n"),
+    Mistake("batching_no_blocks_promised", "ex10_answer", "> cache.num_free_blocks() - promised:",
+            "> cache.num_free_blocks():", ("ex10_visible", "ex10_hidden"), "promised to it"),
+    Mistake("batching_promised_counts_held_blocks", "ex10_answer", " - len(cache.block_tables[s])\n", "\n",
+            ("ex10_visible", "ex10_hidden"), "holds already"),
+    Mistake("batching_reserves_the_last_token", "ex10_answer", "blocks(len(prompt) + max_new_tokens - 1)",
+            "blocks(len(prompt) + max_new_tokens)", ("ex10_visible", "ex10_hidden"), "never fed back"),
+    Mistake("batching_never_frees", "ex10_answer", "            cache.free(s)\n", "", ("ex10_visible", "ex10_hidden"),
+            "gives its blocks back"),
+    # Retires what ended in the last step at the start of the next one.
+    TwoMistakes("batching_retires_a_step_late", "ex10_answer", _DECODING, _RETIRE + _DECODING,
+                ("ex10_visible", "ex10_hidden"), "leaves in the same step",
+                cell2="ex10_answer", old2=_RETIRE + "    return", new2="    return"),
+    Mistake("batching_drops_eos", "ex10_answer", "finished[s] = running.pop(s)\n",
+            "finished[s] = running.pop(s)[:-1] if tokens[-1] == eos_id else running.pop(s)\n",
+            ("ex10_visible", "ex10_hidden"), "the end token is part of the output"),
+    Mistake("batching_emits_after_eos", "ex10_answer", "if tokens[-1] == eos_id or len(tokens) == max_new_tokens:",
+            "if len(tokens) == max_new_tokens:", ("ex10_visible", "ex10_hidden"), "stops at eos_id"),
+    Mistake("batching_one_over_max_batch", "ex10_answer", "while waiting and len(running) < max_batch:",
+            "while waiting and len(running) <= max_batch:", ("ex10_visible", "ex10_hidden"), "at most max_batch"),
+    Mistake("batching_finished_stay_running", "ex10_answer", "            finished[s] = running.pop(s)\n",
+            "            finished[s] = tokens\n", ("ex10_visible", "ex10_hidden"), "leaves running"),
+    Mistake("batching_one_decode_call_per_sequence", "ex10_answer",
+            "        for s, token in zip(decoding, forward(decoding, last).argmax(dim=-1).tolist()):\n"
+            "            running[s].append(token)\n",
+            "        for b, s in enumerate(decoding):\n"
+            "            running[s].append(int(forward([s], last[b:b + 1]).argmax()))\n",
+            ("ex10_visible", "ex10_hidden"), "one batched call"),
+    TwoMistakes("batching_decodes_the_admitted", "ex10_answer", _DECODING, "", ("ex10_visible", "ex10_hidden"),
+                "from its prefill already", cell2="ex10_answer", old2="    if decoding:\n",
+                new2="    decoding = list(running)\n    if decoding:\n"),
+    Mistake("batching_frees_before_the_last_token", "ex10_answer", "    if decoding:\n        last",
+            "    for s in decoding:\n"
+            "        if len(running[s]) + 1 == max_new_tokens:                      # its blocks are not needed\n"
+            "            cache.free(s)\n"
+            "    if decoding:\n        last", ("ex10_visible", "ex10_hidden"), "fed at position 0"),
+    Mistake("batching_position_one_past", "ex10_answer", "[cache.lengths.get(s, 0) for s in seq_ids]",
+            "[cache.lengths[s] + 1 if s in cache.lengths else 0 for s in seq_ids]", ("ex10_visible", "ex10_hidden"),
+            "sits at position cache.lengths[s]"),
+    TwoMistakes("batching_table_rows_sorted", "ex10_answer", "for s in seq_ids],\n                              device",
+                "for s in sorted(seq_ids)],\n                              device", ("ex10_visible", "ex10_hidden"),
+                "row b of block_tables", cell2="ex10_answer",
+                old2="lengths = torch.tensor([cache.lengths[s] for s in seq_ids]",
+                new2="lengths = torch.tensor([cache.lengths[s] for s in sorted(seq_ids)]"),
+    Mistake("batching_prefill_under_slot_number", "ex10_answer", "forward([seq_id], prompt[None]",
+            "forward([len(running)], prompt[None]", ("ex10_visible", "ex10_hidden"), "under its own seq_id"),
+    # Exercise 9's attention is wrong: the scheduler's tokens differ, and the hint sends the learner back there.
+    Mistake("batching_after_paged_mask_strict", "ex9_answer", "mask = keys[None, None, :] <= queries[:, :, None]",
+            "mask = keys[None, None, :] < queries[:, :, None]", ("ex10_visible",),
+            "batch_step calls your paged_attention (exercise 9), which fails its tests: fix that exercise first",
+            e2e=False),
     # ---------------------------------------------------------------- found by honest attempts
     Mistake("sampling_after_process_logits_in_place", "ex1_answer", "x = logits.clone()", "x = logits",
             ("ex2_visible",), "sample_next_token calls your process_logits, which fails exercise 1's tests"),

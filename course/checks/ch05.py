@@ -1,12 +1,13 @@
 """Checks for chapter 5: the loss, batches, AdamW, parameter groups, the schedule, clipping,
 gradient accumulation, dynamic loss scaling, exact resumption from a checkpoint, the tiny model
-of chapters 1-4, the loss at initialisation, perplexity and bits per byte.
+of chapters 1-4, the loss at initialisation, perplexity and bits per byte, the compute of a training run.
 
 Each check draws its inputs (``draw``), calls the answer and compares with an oracle (``compare``);
 a table of wrong variants (``variants_of``) only names the likely mistake. Oracles:
 ``F.cross_entropy``, ``torch.optim.AdamW``, ``torch.nn.utils.clip_grad_norm_``, the update
 ``torch.amp.GradScaler`` runs, one backward pass over the whole batch, hand-derived formulas,
-and the student's own uninterrupted run (for resumption).
+the student's own uninterrupted run (for resumption), and ``FlopCounterMode`` on a model of the
+spec run here (for the FLOPs of a training token).
 
 Objects that must live where the student's code runs (the model trained by ``train``, the
 problem that ``AdamW`` optimises) are modules built here: when grading happens outside the
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 import importlib
 import math
 import random
@@ -26,6 +28,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 import torch.nn.utils.clip_grad
 from torch.utils._pytree import tree_leaves
+from torch.utils.flop_counter import FlopCounterMode
 
 from ._core import (CheckFailed, call, earlier_answers, earlier_first, expect_tensor, forbid, judge_prediction, own_fault,
                     unmeasured)
@@ -1701,3 +1704,206 @@ def check_perplexity_and_bpb(perplexity, bits_per_byte, predicted_uniform_bits_p
                     (x.mean().item() / LN2 / n_bytes, "the bits of *all* the tokens (their sum, not their mean) are "
                                                        "divided by the bytes.")],
                 tol=(1e-9, 1e-5))
+
+# ----------------------------------------------------------------------------- exercise 13
+
+class _FlopBlock(nn.Module):
+    """The spec's Pre-LN block: grouped-query attention over the whole (T, T) score matrix, masked; a GELU MLP."""
+
+    def __init__(self, d: int, heads: int, kv_heads: int, d_ff: int) -> None:
+        super().__init__()
+        self.heads, self.kv_heads, self.d_head = heads, kv_heads, d // heads
+        self.ln1, self.ln2 = nn.LayerNorm(d), nn.LayerNorm(d)
+        self.qkv = nn.Linear(d, (heads + 2 * kv_heads) * self.d_head)
+        self.proj = nn.Linear(d, d)
+        self.up, self.down = nn.Linear(d, d_ff), nn.Linear(d_ff, d)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        B, T, d = x.shape
+        kv = self.kv_heads * self.d_head
+        q, k, v = self.qkv(self.ln1(x)).split([d, kv, kv], dim=-1)
+        q = q.view(B, T, self.heads, self.d_head).transpose(1, 2)                      # (B, H, T, dh)
+        k, v = (t.view(B, T, self.kv_heads, self.d_head).transpose(1, 2)               # (B, H_kv, T, dh)
+                .repeat_interleave(self.heads // self.kv_heads, dim=1) for t in (k, v))  # (B, H, T, dh)
+        scores = q @ k.transpose(-2, -1) / math.sqrt(self.d_head)                    # (B, H, T, T)
+        causal = torch.ones(T, T, dtype=torch.bool, device=x.device).tril()
+        attention = scores.masked_fill(~causal, float("-inf")).softmax(dim=-1) @ v     # (B, H, T, dh)
+        x = x + self.proj(attention.transpose(1, 2).reshape(B, T, d))
+        return x + self.down(F.gelu(self.up(self.ln2(x))))
+
+
+class _FlopModel(nn.Module):
+    """Exercise 10's model with n_layers blocks, grouped-query heads, any d_ff, tied or untied output."""
+
+    def __init__(self, vocab: int, d: int, layers: int, heads: int, kv_heads: int, d_ff: int, tied: bool) -> None:
+        super().__init__()
+        self.tok = nn.Embedding(vocab, d)
+        self.blocks = nn.ModuleList(_FlopBlock(d, heads, kv_heads, d_ff) for _ in range(layers))
+        self.ln_f = nn.LayerNorm(d)
+        self.head = None if tied else nn.Linear(d, vocab, bias=False)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        x = self.tok(ids) * math.sqrt(self.tok.weight.shape[1])                           # (B, T, d)
+        for block in self.blocks:
+            x = block(x)
+        x = self.ln_f(x)
+        return x @ self.tok.weight.T if self.head is None else self.head(x)               # (B, T, V)
+
+
+@functools.lru_cache(maxsize=64)
+def counted_train_flops(vocab_size: int, d_model: int, n_layers: int, n_heads: int, n_kv_heads: int, d_ff: int,
+                        seq_len: int, tied: bool) -> float:
+    """The oracle: FlopCounterMode's count of one training step's forward and backward passes of the spec's
+    model (on the meta device: shapes only, so any size is cheap), per token of a batch of 2 sequences."""
+    B = 2
+    with torch.device("meta"):
+        model = _FlopModel(vocab_size, d_model, n_layers, n_heads, n_kv_heads, d_ff, tied)
+        ids = torch.zeros(B, seq_len, dtype=torch.long)
+    counter = FlopCounterMode(display=False)
+    with counter:
+        F.cross_entropy(model(ids).flatten(0, 1), ids.flatten()).backward()
+    return counter.get_total_flops() / (B * seq_len)
+
+
+def _flops_slip(config: tuple, slip: str) -> float:
+    """The FLOPs per training token that one known slip gives (only to name it: the oracle counts)."""
+    V, d, L, H, kv, d_ff, T, tied = config
+    kv_width = d if slip == "gqa_ignored" else kv * (d // H)
+    width = 4 * d if slip == "d_ff_ignored" else d_ff
+    per_layer = d * (d + 2 * kv_width) + d * d + 2 * d * width                   # weights of qkv, proj, up, down
+    if slip == "biases":
+        per_layer += (d + 2 * kv_width) + d + width + d + 4 * d                   # biases, and ln1, ln2's two vectors
+    weights = (1 if slip == "one_layer" else L) * per_layer + (2 * d if slip == "biases" else 0)   # ln_f
+    head = {"no_head": 0, "head_twice": 2 * V * d, "embedding_counted": (1 if tied else 2) * V * d}.get(slip, V * d)
+    attention = {"no_attention": 0, "attention_half": 2 * L * T * d, "attention_per_sequence": 4 * L * T * T * d,
+                 "attention_kv_scaled": 4 * L * T * kv_width, "one_layer": 4 * T * d}.get(slip, 4 * L * T * d)
+    forward = 2 * (weights + head) + attention
+    if slip == "attention_forward_only":
+        return 3 * 2 * (weights + head) + attention
+    return {"forward_only": 1, "backward_equal": 2, "macs": 1.5}.get(slip, 3) * forward
+
+
+_FLOPS_SLIPS = [
+    ("forward_only", "that is the forward pass alone: a training step also runs the backward pass, which costs about "
+                     "twice the forward (every matmul's gradient for its input and for its weight)."),
+    ("backward_equal", "the backward pass of a matmul is two matmuls of the forward's size (the gradient for its input "
+                       "and the one for its weight), so a training token costs three forward passes, not two."),
+    ("macs", "that counts multiply-adds: a multiply-add is 2 FLOPs (FlopCounterMode counts 2 * m * n * k for an "
+             "(m, k) @ (k, n) product)."),
+    ("no_attention", "the attention matmuls are missing: the scores q @ k^T and the weighted sum of the values have "
+                     "no weights, yet every token computes them over all seq_len positions, in every layer."),
+    ("attention_forward_only", "the attention matmuls have a backward pass too, twice their forward like every "
+                               "other matmul: count them three times, as the weights' matmuls."),
+    ("attention_half", "the attention term is half what the model computes: it builds the whole (seq_len, seq_len) "
+                       "score matrix of every head before masking it, and runs two matmuls over it (the scores and "
+                       "the weighted sum of the values)."),
+    ("attention_per_sequence", "the attention term is counted per sequence, not per token: each token's query meets "
+                               "seq_len keys, so per token the term grows with seq_len, not with its square."),
+    ("attention_kv_scaled", "n_kv_heads does not shrink the attention matmuls: every one of the n_heads query heads "
+                            "still scores all seq_len keys and sums their values; shared key/value heads shrink the K "
+                            "and V projections only."),
+    ("gqa_ignored", "with n_kv_heads < n_heads the K and V projections are smaller: qkv maps d_model to "
+                    "(n_heads + 2 * n_kv_heads) * d_head features, not 3 * d_model."),
+    ("d_ff_ignored", "the MLP's width is d_ff, which need not be 4 * d_model: up and down are d_model x d_ff "
+                     "matrices."),
+    ("one_layer", "count every one of the n_layers blocks: the projections, the MLP and the attention matmuls of "
+                  "each."),
+    ("no_head", "the output layer is missing: logits = ln_f(x) @ W.T is a (d_model x vocab_size) matmul on every "
+                "token, tied or not."),
+    ("biases", "only matmuls count: a bias addition and the norms' gains and shifts are elementwise (FlopCounterMode "
+               "counts 0 for them), so 6 FLOPs per parameter and token holds for the weight matrices only."),
+]
+_FLOPS_TIED = ("head_twice", "a tied table is one matrix, used once per token as a matmul (the output layer): the "
+               "lookup at the input is a gather with no FLOPs, so the table is counted once, not twice.")
+_FLOPS_UNTIED = ("embedding_counted", "the embedding lookup is a gather, not a matmul: it costs no FLOPs; untied, "
+                 "only the separate output matrix multiplies each token, not the embedding table.")
+
+
+def _flops_slips(config: tuple) -> list[tuple[str, str]]:
+    return [*_FLOPS_SLIPS, _FLOPS_TIED if config[-1] else _FLOPS_UNTIED]
+
+
+# (vocab_size, d_model, n_layers, n_heads, n_kv_heads, d_ff, seq_len, tied): exercise 10's model as the notebook
+# trains it on Shakespeare's characters, GPT-2 small, and a grouped-query model with its own output matrix.
+_FLOPS_VISIBLE = [(65, 48, 1, 1, 1, 192, 32, True), (50257, 768, 12, 12, 12, 3072, 1024, True),
+                  (32000, 512, 6, 8, 2, 1408, 2048, False)]
+
+
+def _flops_drawn(d: Draw, k: int) -> tuple:
+    """A configuration where (for the first two, one tied and one not) every slip changes the count."""
+    while True:
+        heads = d.rng.choice([4, 8, 16, 32] if k < 2 else [1, 2, 4, 6, 8, 12, 16, 32])
+        d_model = heads * d.rng.choice([8, 16, 32, 64, 128])
+        kv = d.rng.choice([h for h in range(1, heads + 1) if heads % h == 0 and (k >= 2 or 4 * h <= heads)])
+        d_ff = d.rng.choice([4 * d_model, 8 * d_model // 3, d.rng.randrange(d_model, 6 * d_model)])
+        config = (d.rng.randrange(2, 300_000), d_model, d.rng.randrange(2 if k < 2 else 1, 48), heads, kv, d_ff,
+                  d.rng.randrange(2, 8193), k % 2 == 0)
+        values = [_flops_slip(config, slip) for slip, _ in _flops_slips(config)] + [_flops_slip(config, "ok")]
+        if k >= 2 or len(set(values)) == len(values):
+            return config
+
+
+def _flops_configs(hidden: bool) -> list[tuple]:
+    d = draw("train_flops", hidden)
+    return [_flops_drawn(d, k) for k in range(4)] if hidden else list(_FLOPS_VISIBLE)
+
+
+def _flops_judge(config: tuple, value) -> None:
+    want = counted_train_flops(*config)
+    shown = f"train_flops_per_token({_shown_config(config)})"
+    got = expect_number(value, shown, "return your prediction as a number of FLOPs (an int or a float).")
+    compare(got, want, shown, "go through one token's forward pass matmul by matmul (each weight matrix, the two "
+            "attention products, the output layer), 2 FLOPs per multiply-add, then add the backward pass.", variants=[
+                *variants_of(lambda slip: _flops_slip(config, slip), _flops_slips(config)),
+                (when(lambda v: abs(v - want) <= 1e-3 * want), "close, but not the count: the matmuls give an exact "
+                 "number of FLOPs; return the arithmetic that gives it from the arguments, not a rounded or "
+                 "approximate value (6N alone is an approximation).")],
+            tol=(0.0, 1e-9))
+
+
+def _shown_config(config: tuple) -> str:
+    return ("vocab_size={}, d_model={}, n_layers={}, n_heads={}, n_kv_heads={}, d_ff={}, seq_len={}, "
+            "tied={}".format(*config))
+
+
+def _check_flops_prediction(train_flops_per_token, hidden: bool = False) -> None:
+    judge_configured("train_flops_per_token", train_flops_per_token, _flops_configs(hidden),
+                     counted_train_flops, _flops_judge, shown=_shown_config)
+
+
+def flops_prediction_passes(train_flops_per_token) -> bool:
+    """For the exercise's demo, which measures only once the prediction passes its visible test."""
+    return passes(_check_flops_prediction, train_flops_per_token)
+
+
+def _mfu_cases(hidden: bool) -> list[tuple]:
+    """(tokens_per_second, flops_per_token, peak_flops): a laptop's CPU, a GPU, and drawn ones."""
+    def drawn(d: Draw) -> tuple:
+        return (d.rng.uniform(10.0, 1e6), d.rng.uniform(1e5, 1e13), d.rng.uniform(1e10, 1e18))
+    d = draw("mfu", hidden)
+    return [drawn(d) for _ in range(4)] if hidden else [(4_000.0, 2.6e6, 5e10), (12_500.0, 1.6e10, 9.9e14)]
+
+
+def _check_mfu(mfu, hidden: bool) -> None:
+    for rate, flops, peak in _mfu_cases(hidden):
+        shown = f"mfu(tokens_per_second={rate:.6g}, flops_per_token={flops:.6g}, peak_flops={peak:.6g})"
+        got = expect_number(call(mfu, rate, flops, peak, name="mfu"), shown,
+                            "return a Python number: the fraction of the peak that the run achieves.")
+        want = rate * flops / peak
+        compare(got, want, shown, "MFU is the model FLOPs per second achieved (tokens per second times FLOPs per "
+                "token) divided by the peak FLOPs per second.", variants=[
+                    (100 * want, "that is a percentage: return the fraction (0.5 for half the peak)."),
+                    (1 / want, "the ratio is upside down: achieved FLOPs per second over the peak, not the peak over "
+                               "them."),
+                    (3 * want, "flops_per_token is already the cost of a training token (forward and backward): do "
+                               "not multiply it by 3 again."),
+                    (rate / peak, "the achieved FLOPs per second are tokens per second times the FLOPs of a token.")],
+                tol=(0.0, 1e-9))
+
+
+def check_training_flops(train_flops_per_token, mfu=None, hidden: bool = False) -> None:
+    """The prediction against FlopCounterMode's count of the spec's model run here, on the visible
+    configurations or (hidden) four drawn ones; then MFU against its definition."""
+    _check_flops_prediction(train_flops_per_token, hidden)
+    if mfu is not None:
+        _check_mfu(mfu, hidden)

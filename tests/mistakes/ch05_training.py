@@ -4,7 +4,7 @@ from dataclasses import dataclass, replace
 
 from notebook_tools import Mistake, TwoMistakes
 
-BOTH = {k: (f"ex{k}_visible", f"ex{k}_hidden") for k in range(1, 13)}
+BOTH = {k: (f"ex{k}_visible", f"ex{k}_hidden") for k in range(1, 14)}
 
 
 @dataclass(frozen=True)
@@ -382,4 +382,60 @@ MISTAKES += [
     Mistake("uniform_bpb_by_measuring", "ex12_answer", "return n_tokens * math.log2(vocab_size) / n_bytes",
             "return bits_per_byte(torch.full((n_tokens,), math.log(vocab_size)), 'x' * n_bytes)", BOTH[12],
             "measuring instead of predicting", e2e=False),
+]
+
+# ---- exercise 13: the FLOPs of a training token, predicted; MFU
+_FWD = "forward = 2 * weights + 2 * attention"
+_ATT = "attention = n_layers * 2 * seq_len * d_model"
+_WEIGHTS = "weights = n_layers * block + d_model * vocab_size"
+_BLOCK = "block = qkv + d_model * d_model + 2 * d_model * d_ff"
+_MFU = "return tokens_per_second * flops_per_token / peak_flops"
+MISTAKES += [
+    Mistake("flops_forward_only", "ex13_answer", "return 3 * forward", "return forward", BOTH[13],
+            "that is the forward pass alone"),
+    Mistake("flops_backward_equal_to_forward", "ex13_answer", "return 3 * forward", "return 2 * forward", BOTH[13],
+            "three forward passes, not two"),
+    Mistake("flops_multiply_adds", "ex13_answer", _FWD, "forward = weights + attention", BOTH[13],
+            "a multiply-add is 2 FLOPs"),
+    Mistake("flops_6n_without_attention", "ex13_answer", _FWD, "forward = 2 * weights", BOTH[13],
+            "the attention matmuls are missing"),
+    Mistake("flops_attention_forward_only", "ex13_answer", "return 3 * forward",
+            "return 3 * 2 * weights + 2 * attention", BOTH[13], "the attention matmuls have a backward pass too"),
+    Mistake("flops_attention_causal_half", "ex13_answer", _ATT, "attention = n_layers * seq_len * d_model", BOTH[13],
+            "the attention term is half what the model computes"),
+    Mistake("flops_attention_per_sequence", "ex13_answer", _ATT,
+            "attention = n_layers * 2 * seq_len * seq_len * d_model", BOTH[13], "counted per sequence, not per token"),
+    Mistake("flops_attention_shrunk_by_gqa", "ex13_answer", _ATT,
+            "attention = n_layers * 2 * seq_len * n_kv_heads * d_head", BOTH[13],
+            "n_kv_heads does not shrink the attention matmuls"),
+    Mistake("flops_gqa_ignored", "ex13_answer", "qkv = d_model * (n_heads + 2 * n_kv_heads) * d_head",
+            "qkv = 3 * d_model * d_model", BOTH[13], "the K and V projections are smaller"),
+    Mistake("flops_d_ff_assumed_4d", "ex13_answer", _BLOCK, "block = qkv + d_model * d_model + 8 * d_model * d_model",
+            BOTH[13], "need not be 4 * d_model"),
+    Edits("flops_one_layer", "ex13_answer", _WEIGHTS, "weights = block + d_model * vocab_size", BOTH[13],
+          "count every one of the n_layers blocks", more=(("ex13_answer", _ATT, "attention = 2 * seq_len * d_model"),)),
+    Mistake("flops_no_output_layer", "ex13_answer", _WEIGHTS, "weights = n_layers * block", BOTH[13],
+            "the output layer is missing"),
+    Mistake("flops_tied_table_twice", "ex13_answer", _WEIGHTS, "weights = n_layers * block + 2 * d_model * vocab_size",
+            BOTH[13], "the table is counted once, not twice"),
+    Mistake("flops_embedding_as_matmul", "ex13_answer", _WEIGHTS,
+            "weights = n_layers * block + d_model * vocab_size * (1 if tied else 2)", BOTH[13],
+            "the embedding lookup is a gather, not a matmul"),
+    Edits("flops_every_parameter", "ex13_answer", _BLOCK,
+          f"{_BLOCK} + (n_heads + 2 * n_kv_heads) * d_head + 2 * d_model + d_ff + 4 * d_model", BOTH[13],
+          "only matmuls count", more=(("ex13_answer", _WEIGHTS, f"{_WEIGHTS} + 2 * d_model"),)),
+    Mistake("flops_measured", "ex13_answer", "    d_head = d_model // n_heads\n",
+            "    from torch.utils.flop_counter import FlopCounterMode\n    counter = FlopCounterMode(display=False)\n"
+            "    with counter:\n        TinyCausalLM(vocab_size, d_model, seq_len)(torch.zeros(1, seq_len, "
+            "dtype=torch.long)).sum().backward()\n    return counter.get_total_flops() / seq_len\n", BOTH[13],
+            "measuring instead of predicting", e2e=False),
+    Mistake("flops_read_off_the_demo", "ex13_answer", "return 3 * forward", "return 203040", BOTH[13],
+            "the same number for every configuration is a value read off one case", e2e=False),
+    Mistake("mfu_percent", "ex13_answer", _MFU, "return 100 * tokens_per_second * flops_per_token / peak_flops",
+            BOTH[13], "that is a percentage"),
+    Mistake("mfu_upside_down", "ex13_answer", _MFU, "return peak_flops / (tokens_per_second * flops_per_token)",
+            BOTH[13], "the ratio is upside down"),
+    Mistake("mfu_backward_counted_again", "ex13_answer", _MFU,
+            "return 3 * tokens_per_second * flops_per_token / peak_flops", BOTH[13], "do not multiply it by 3 again",
+            e2e=False),
 ]

@@ -23,7 +23,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ..i18n import composed
-from . import _core, ch03
+from . import _core, ch03, ch04
 from ._core import CheckFailed, call, earlier_answers, earlier_first, expect_tensor, one_thread as _one_thread
 from ._core import own_fault, unmeasured
 from ._vocabulary import call_on_copies, compare, diagnose, draw, expect, fail, matches, when
@@ -1004,19 +1004,24 @@ def _check_int8_forward(module, reference: nn.Linear, w_hat: torch.Tensor, x: to
 
 
 def _params_oracle(c: dict, variant: str = "ok") -> int:
-    V, d, L, h, kv, ff, tied = (c[k] for k in _CONFIG)
-    attn = 2 * d * d + 2 * d * (d if variant == "no_gqa" else kv * (d // h))
+    V, d, L, h, kv, ff, tied, qkv_bias = (c[k] for k in _CONFIG)
+    kv_width = kv * (d // h)
+    attn = 2 * d * d + 2 * d * (d if variant == "no_gqa" else kv_width)
     mlp = (2 if variant == "two_mlp" else 3) * d * ff
     norm = 0 if variant == "no_norms" else d                  # two per layer and a final one
-    return V * d + L * (attn + mlp + 2 * norm) + norm + (0 if tied != (variant == "head_flip") else V * d)
+    biases = {"no_qkv_bias": 0, "qkv_bias_full": 3 * d, "every_bias": 2 * d + 2 * kv_width + 2 * ff + d}.get(
+        variant, d + 2 * kv_width) if qkv_bias else 0          # q, k and v only (every_bias: chapter 4's bias=True)
+    return V * d + L * (attn + mlp + 2 * norm + biases) + norm + (0 if tied != (variant == "head_flip") else V * d)
 
 
-_CONFIG = ("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "d_ff", "tie_embeddings")
+_CONFIG = ("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "d_ff", "tie_embeddings", "qkv_bias")
 PUBLISHED = {name: (dict(zip(_CONFIG, config)), total) for name, config, total in [   # released checkpoints' totals
-    ("Llama-2-7B", (32000, 4096, 32, 32, 32, 11008, False), 6_738_415_616),
-    ("Llama-3-8B", (128256, 4096, 32, 32, 8, 14336, False), 8_030_261_248),
-    ("Llama-2-70B", (32000, 8192, 80, 64, 8, 28672, False), 68_976_648_192),
-    ("Llama-3.2-1B", (128256, 2048, 16, 32, 8, 8192, True), 1_235_814_400)]}
+    ("Llama-2-7B", (32000, 4096, 32, 32, 32, 11008, False, False), 6_738_415_616),
+    ("Llama-3-8B", (128256, 4096, 32, 32, 8, 14336, False, False), 8_030_261_248),
+    ("Llama-2-70B", (32000, 8192, 80, 64, 8, 28672, False, False), 68_976_648_192),
+    ("Llama-3.2-1B", (128256, 2048, 16, 32, 8, 8192, True, False), 1_235_814_400),
+    ("Qwen2-7B", (152064, 3584, 28, 28, 4, 18944, False, True), 7_615_616_512),
+    ("Qwen2-0.5B", (151936, 896, 24, 14, 2, 4864, True, True), 494_032_768)]}
 
 _PARAM_HINTS = [
     ("no_gqa", "k_proj and v_proj produce n_kv_heads * d_head features (d_head = d_model // n_heads), not d_model: "
@@ -1025,6 +1030,12 @@ _PARAM_HINTS = [
      "when tie_embeddings is True, twice (table and head) when False."),
     ("no_norms", "count the RMSNorm weights too: two of d_model per layer and one final norm."),
     ("two_mlp", "a gated MLP (SwiGLU) has three matrices of d_model x d_ff: gate, up and down."),
+    ("no_qkv_bias", "when qkv_bias is True (Qwen2), q_proj, k_proj and v_proj each have a bias as wide as their "
+     "output: add those three biases in every layer."),
+    ("qkv_bias_full", "the biases of k_proj and v_proj are as wide as their outputs, n_kv_heads * d_head, not "
+     "d_model: grouped-query attention shrinks them too."),
+    ("every_bias", "Qwen2 has biases on q_proj, k_proj and v_proj only: chapter 4's bias=True puts one on every "
+     "linear layer of the blocks (o_proj and the MLP too), so count the three biases yourself."),
 ]
 
 
@@ -1054,7 +1065,8 @@ def _random_config(d) -> tuple[str, dict, int]:
     h = kv * d.rng.choice([1, 2, 4])
     width = h * d.rng.choice([16, 32, 64, 128])
     c = dict(vocab_size=d.rng.randrange(100, 200_000), d_model=width, n_layers=d.rng.randrange(1, 100),
-             n_heads=h, n_kv_heads=kv, d_ff=d.rng.randrange(width, 5 * width), tie_embeddings=d.rng.random() < 0.5)
+             n_heads=h, n_kv_heads=kv, d_ff=d.rng.randrange(width, 5 * width), tie_embeddings=d.rng.random() < 0.5,
+             qkv_bias=d.rng.random() < 0.5)
     return f"config {c}", c, _params_oracle(c)
 
 
@@ -1073,8 +1085,7 @@ def _memory_cases(d) -> list[tuple]:
 # The prediction of exercise 7: the KV cache of a configuration. Visible, Qwen2-7B for 8 sequences of 32,768 tokens in
 # bfloat16 (the case asked on paper, and the one the notebook measures), a model without grouping and a one-byte cache;
 # hidden, configurations drawn at grading time, none of them a visible case.
-QWEN2_7B = dict(vocab_size=152064, d_model=3584, n_layers=28, n_heads=28, n_kv_heads=4, d_ff=18944,
-                tie_embeddings=False)
+QWEN2_7B = PUBLISHED["Qwen2-7B"][0]
 MEASURED = (QWEN2_7B, 32768, 8, 2)         # (config, seq_len, batch_size, bytes_per_number)
 
 
@@ -1143,18 +1154,38 @@ def kv_prediction_passes(predicted_kv_cache_bytes) -> bool:
     return True
 
 
-def check_memory(count_params, inference_memory_bytes, predicted_kv_cache_bytes=None, hidden: bool = False) -> None:
+def check_counting_tool(count_params, hidden: bool = False) -> None:
+    """Chapter 4's own check (exercise 7) on the count_params brought into this notebook."""
+    try:
+        ch04.check_count_params(count_params, hidden=hidden)
+    except CheckFailed as err:
+        fail(f"count_params (chapter 4, exercise 7) fails its chapter's test: {err.what}",
+             f"in count_params: {err.hint}")
+
+
+def check_memory(count_config_params, inference_memory_bytes, predicted_kv_cache_bytes=None, count_params=None,
+                 hidden: bool = False) -> None:
+    """The prediction, the parameters of configurations (published checkpoints' totals and drawn ones) and the
+    memory of weights and cache; a count that chapter 4's count_params, pasted here, also gets wrong is blamed on
+    it."""
     if predicted_kv_cache_bytes is not None:
         _check_kv_prediction(predicted_kv_cache_bytes, hidden)
     d = draw("memory", hidden)
-    tiny = dict(vocab_size=10, d_model=4, n_layers=1, n_heads=2, n_kv_heads=1, d_ff=6, tie_embeddings=True)
+    tiny = dict(vocab_size=10, d_model=4, n_layers=1, n_heads=2, n_kv_heads=1, d_ff=6, tie_embeddings=True,
+                qkv_bias=False)
     configs = [(name, c, want) for name, (c, want) in PUBLISHED.items() if hidden or name != "Llama-2-70B"]
     configs.append(("tiny tied", tiny, 10 * 4 + 2 * 16 + 2 * 4 * 2 + 3 * 4 * 6 + 2 * 4 + 4))
-    for name, c, want in d.sub("configs").cases(configs, _random_config, 5):
-        compare(call(count_params, dict(c), name="count_params"), want, f"count_params({name})",
-                "per layer: q and o are d_model x d_model, k and v d_model x (n_kv_heads * d_head), a gated MLP "
-                "3 x d_model x d_ff, two norms of d_model; plus the embedding, a final norm and the head (unless "
-                "tied). No biases.", variants=[(lambda v=v: _params_oracle(c, v), text) for v, text in _PARAM_HINTS])
+    configs.append(("tiny tied, q/k/v biases", {**tiny, "qkv_bias": True}, 172 + 4 + 2 + 2))
+    earlier = [] if count_params is None else [
+        ("count_config_params calls your count_params from chapter 4, which fails that chapter's tests (exercise 7)",
+         functools.partial(check_counting_tool, count_params, hidden))]
+    with earlier_first(*earlier):
+        for name, c, want in d.sub("configs").cases(configs, _random_config, 5):
+            compare(call(count_config_params, dict(c), name="count_config_params"), want,
+                    f"count_config_params({name})", "per layer: q and o are d_model x d_model, k and v d_model x "
+                    "(n_kv_heads * d_head), a gated MLP 3 x d_model x d_ff, two norms of d_model, and biases on q, k "
+                    "and v when qkv_bias is True; plus the embedding, a final norm and the head (unless tied).",
+                    variants=[(lambda v=v: _params_oracle(c, v), text) for v, text in _PARAM_HINTS])
     passed = []          # cases already right: a slip that would have failed one of them is not the cause
     for case in _memory_cases(d):
         c, seq_len, batch, wdt, kvdt = case
@@ -1167,8 +1198,9 @@ def check_memory(count_params, inference_memory_bytes, predicted_kv_cache_bytes=
         slips = [(v, text) for v, text in _MEMORY_HINTS
                  if all(_memory_oracle(*p, v) == _memory_oracle(*p) for p in passed)]
         bits = want + _params_oracle(c) * 7 * torch.empty((), dtype=wdt).element_size()   # weights counted in bits
-        compare(got, want, label, "bytes = count_params(config) * weight bytes + 2 * n_layers * batch_size * seq_len "
-                "* n_kv_heads * d_head * KV bytes.", variants=[(_memory_oracle(*case, v), text) for v, text in slips] +
+        compare(got, want, label, "bytes = count_config_params(config) * weight bytes + 2 * n_layers * batch_size "
+                "* seq_len * n_kv_heads * d_head * KV bytes.",
+                variants=[(_memory_oracle(*case, v), text) for v, text in slips] +
                 [(want * 8, "that is bits: use element_size() for bytes."), (bits, "that is bits: use element_size() "
                                                                                      "for bytes.")])
         passed.append(case)
@@ -1923,7 +1955,7 @@ def _alone(model: BatchLM, prompt: list[int], n_new: int) -> tuple[list[int], fl
         x = w["embed.weight"][torch.tensor(seq)] + w["pos.weight"][:len(seq)]          # (T, d_model)
         q = (x[-1] @ w["wq.weight"].T).view(H, D)
         k, v = ((x @ w[name].T).view(len(seq), n_kv, D).repeat_interleave(H // n_kv, dim=1) for name in
-                ("wk.weight", "wv.weight"))                                              # (T, H, D): head h reads h // g
+                ("wk.weight", "wv.weight"))                                    # (T, H, D): head h reads kv h // g
         p = (torch.einsum("hd,thd->ht", q, k) / math.sqrt(D)).softmax(-1)
         logits = w["head.weight"] @ torch.einsum("ht,thd->hd", p, v).reshape(-1)
         top = logits.topk(2).values
@@ -2065,9 +2097,9 @@ def _shown_reading(reading) -> str:
 def _batching_case(d, dtype: torch.dtype) -> dict:
     """A drawn workload: a model whose greedy choices are clear (redrawn until every gap between the best two
     logits is above 1e-3), 5 to 8 requests with ids in no order, prompts of 1 to 10 tokens arriving over the first
-    8 steps (3 in a rush), an end token that ends some requests before max_new_tokens and not others, and a pool from the largest
-    request's need to twice that (where the blocks decide who is admitted) or one of room for max_batch + 1 of the
-    largest (where the batch size does)."""
+    8 steps (3 in a rush), an end token that ends some requests before max_new_tokens and not others, and a pool
+    from the largest request's need to twice that (where the blocks decide who is admitted) or one of room for
+    max_batch + 1 of the largest (where the batch size does)."""
     for _ in range(20):
         n_kv, d_head = d.rng.randrange(1, 3), d.rng.choice([4, 8])
         n_heads, vocab = n_kv * d.rng.randrange(1, 3), d.rng.randrange(10, 24)

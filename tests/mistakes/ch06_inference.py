@@ -10,6 +10,8 @@ _COPY_ON_WRITE = (
     "            self.v_pool[table[-1]] = self.v_pool[old]\n"
     "            self.ref_counts[old] -= 1\n")
 _QUERY_POSITIONS = "queries = lengths[:, None] - T_q + torch.arange(T_q, device=q.device)"
+_NO_FINAL_NORM = ("n_layers * (attention + ffn + 2 * one_norm) + one_norm + head",
+                  "n_layers * (attention + ffn + 2 * one_norm) + head")
 # The pasted grouped_query_attention splits the query heads as (group, n_kv_heads): chapter 3's own mistake.
 from mistakes.ch03_attention import _GQA_HEADS_TILED  # noqa: E402
 
@@ -197,15 +199,30 @@ MISTAKES = [
             ("ex7_visible", "ex7_hidden"), "the case the notebook measures"),
     Mistake("kv_prediction_fixed_two_bytes", "ex7_answer", "return numbers * bytes_per_number",
             "return numbers * 2", ("ex7_visible", "ex7_hidden"), "use the argument, not a fixed 2"),
-    Mistake("kv_projections_full_width", "ex7_answer", 'kv_width = config["n_kv_heads"] * d_head', "kv_width = d",
-            ("ex7_visible", "ex7_hidden"), "grouped-query attention shrinks them"),
-    Mistake("head_counted_when_tied", "ex7_answer",
-            'embeddings = V * d if config["tie_embeddings"] else 2 * V * d', "embeddings = 2 * V * d",
+    Mistake("kv_projections_full_width", "ex7_answer", 'c["n_heads"], c["n_kv_heads"], c["d_ff"]',
+            'c["n_heads"], c["n_heads"], c["d_ff"]', ("ex7_visible", "ex7_hidden"),
+            "grouped-query attention shrinks them"),
+    # Chapter 4's counter defaults to tied=True: a configuration's untied head is then left out.
+    Mistake("head_counted_when_tied", "ex7_answer", ', tied=c["tie_embeddings"])', ")",
             ("ex7_visible", "ex7_hidden"), "count it once"),
-    Mistake("norms_forgotten", "ex7_answer", "return embeddings + L * (attn + mlp + norms) + d",
-            "return embeddings + L * (attn + mlp)", ("ex7_visible", "ex7_hidden"), "RMSNorm weights"),
-    Mistake("mlp_two_matrices", "ex7_answer", 'mlp = 3 * d * config["d_ff"]', 'mlp = 2 * d * config["d_ff"]',
+    Mistake("mlp_two_matrices", "ex7_answer", "gated=True, bias=False", "gated=False, bias=False",
             ("ex7_visible", "ex7_hidden"), "three matrices"),
+    Mistake("qkv_biases_forgotten", "ex7_answer",
+            '    if c["qkv_bias"]:                                # Qwen2: biases on q_proj, k_proj and v_proj only\n',
+            "    if False:\n", ("ex7_visible", "ex7_hidden"), "add those three biases in every layer"),
+    Mistake("qkv_biases_full_width", "ex7_answer", '(c["d_model"] + 2 * c["n_kv_heads"] * d_head)',
+            '3 * c["d_model"]', ("ex7_visible", "ex7_hidden"), "grouped-query attention shrinks them too"),
+    TwoMistakes("qkv_biases_from_chapter_4_bias", "ex7_answer", 'gated=True, bias=False,',
+                'gated=True, bias=c["qkv_bias"],', ("ex7_visible", "ex7_hidden"),
+                "chapter 4's bias=True puts one on every linear layer", cell2="ex7_answer",
+                old2='    if c["qkv_bias"]:', new2='    if False:'),
+    # The pasted chapter 4 counter forgets the final norm: chapter 4's test says so, and exercise 7 sends the
+    # learner back to it.
+    Mistake("norms_forgotten", "ex7_tools_answer", *_NO_FINAL_NORM, ("ex7_tools_visible",),
+            "the final norm after the last block is missing"),
+    Mistake("config_count_after_pasted_counter_wrong", "ex7_tools_answer", *_NO_FINAL_NORM, ("ex7_visible",),
+            "count_config_params calls your count_params from chapter 4, which fails that chapter's tests "
+            "(exercise 7): fix that exercise first", e2e=False),
     Mistake("kv_cache_keys_only", "ex7_answer", 'per_token = 2 * config["n_layers"]', 'per_token = config["n_layers"]',
             ("ex7_visible", "ex7_hidden"), "keys and values"),
     Mistake("kv_cache_all_heads", "ex7_answer", 'config["n_kv_heads"] * d_head * torch.empty',

@@ -1376,7 +1376,7 @@ def _check_position(p, q, draft, n, nxt, j: int) -> None:
             (when(lambda r: len(r) >= 100 and _follows(r, residual / residual.sum())), "the replacement tokens follow "
              f"the residual, so the acceptance at position {j} is wrong: {_FRESH_UNIFORM}")],
             "after a rejection at position j, sample the replacement from max(0, p_j - q_j) renormalised to sum 1 "
-            "(the residual), not from p_j or q_j; it corrects exactly the mass the draft over-proposed.")
+            "(the residual), not from p_j or q_j; it supplies exactly the mass the draft under-proposed (where p > q).")
     fail(f"the tokens emitted at position {j} do not follow the target distribution (chi-square {stat:.1f} with {dof} "
          f"degrees of freedom, bound {_chi2_critical(max(dof, 1)):.1f} at p = 1e-7"
          f"{'; a token of probability 0 appeared' if impossible else ''}).", hint)

@@ -1499,8 +1499,9 @@ _NO_BLOCK = ("when no block is free, append raises RuntimeError (a server then w
 
 
 def _op_text(op: tuple) -> str:
-    return {"append": lambda s, n: f"append({s}, {n} token{'s' * (n > 1)})", "fork": lambda p, c: f"fork({p}, {c})",
-            "free": lambda s: f"free({s})"}[op[0]](*op[1:])
+    # an operation as code, like fork(0, 2): its words are in a field, so that its translation is the same text
+    return {"append": lambda s, n: f"append({s}, {n} {'tokens' if n > 1 else 'token'})",
+            "fork": lambda p, c: f"fork({p}, {c})", "free": lambda s: f"free({s})"}[op[0]](*op[1:])
 
 
 def _cache_script(d) -> tuple[int, list[tuple]]:
@@ -1594,8 +1595,9 @@ def _run_workload(cache, label: str, ops: list, d, shape: tuple, dtype: torch.dt
     keys: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}     # the contiguous cache
     seen, before = [], {}
     for step, op in enumerate(ops):
-        where = f"{label} after {', '.join(_op_text(o) for o in ops[max(0, step - 7):step + 1])}" + \
-            (f" (the last 8 of {step + 1} operations)" if step >= 8 else "")
+        done = ", ".join(_op_text(o) for o in ops[max(0, step - 7):step + 1])
+        where = (f"{label} after {done} (the last 8 of {step + 1} operations)" if step >= 8 else
+                 f"{label} after {done}")
         model.run(op)
         if op[0] == "append":
             new = tuple(d.randn(op[2], n_kv, d_head, dtype=torch.float64).to(dtype) for _ in range(2))
@@ -1658,8 +1660,8 @@ def _blame_bookkeeping(cache, where: str, ops: list, seen: list, traces: dict, s
     cache follows. When several bugs agree so far, the workload goes on until the cache's own readings tell them
     apart (or it fails)."""
     (free, lengths), (want_free, want_lengths) = seen[-1], traces["ok"][len(seen) - 1]
-    what = (f"{where}: the block tables have lengths {dict(lengths)}, expected {dict(want_lengths)}" if lengths !=
-            want_lengths else f"{where}: num_free_blocks() is {free}, expected {want_free} of {shape[0]}")
+    what = (f"{where}: the block tables have lengths {dict(lengths)}, expected {dict(want_lengths)}." if lengths !=
+            want_lengths else f"{where}: num_free_blocks() is {free}, expected {want_free} of {shape[0]}.")
     follows = lambda: [(v, h) for v, h in _BOOKKEEPING_BUGS if traces[v][:len(seen)] == seen]  # noqa: E731
     bugs = follows()
     for op in ops[len(seen):] if len(bugs) > 1 else []:
@@ -1674,7 +1676,7 @@ def _blame_bookkeeping(cache, where: str, ops: list, seen: list, traces: dict, s
         bugs = follows()
         if len(bugs) == 1:
             break
-    fail(f"{what}.", bugs[0][1] if bugs else _CACHE_STATE)
+    fail(what, bugs[0][1] if bugs else _CACHE_STATE)
 
 
 def _check_tables(cache, where: str, op: tuple, model: _Blocks, before: dict,
@@ -1748,9 +1750,10 @@ def _check_out_of_blocks(PagedKVCache, d) -> None:
         except NotImplementedError as err:
             raise _core.not_written(err, f"{label}.append") from err
         except Exception as err:  # noqa: BLE001 - judged here
-            expect(why is None and isinstance(err, RuntimeError), f"{what} raised {type(err).__name__}: "
-                   f"{_core.capped(str(err), 200)}" + (f", but {why}." if why else ", expected RuntimeError."),
-                   _NO_BLOCK)
+            raised, message = type(err).__name__, _core.capped(str(err), 200)
+            expect(why is None and isinstance(err, RuntimeError),
+                   f"{what} raised {raised}: {message}, but {why}." if why else
+                   f"{what} raised {raised}: {message}, expected RuntimeError.", _NO_BLOCK)
             return
         expect(why is not None, f"{what} returned, but every block was held.", _NO_BLOCK)
 

@@ -33,7 +33,7 @@ LIKELY_MISTAKE = "Likely mistake: "          # the label of a hint, a message of
 
 _CHOSEN: contextvars.ContextVar[str | None] = contextvars.ContextVar("course_language", default=None)
 _PLACEHOLDER = re.compile(r"\{\{|\}\}|\{((?:[^{}]|\{[^{}]*\})*)\}")
-_DEPTH = 3                                   # templates inside templates inside templates
+_DEPTH = 6                                   # templates inside templates (a hint quoting an earlier one)
 
 
 def language() -> str:

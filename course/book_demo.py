@@ -22,10 +22,12 @@ import ipywidgets as widgets
 import matplotlib.pyplot as plt
 
 MAX_FRAMES = 48
-# Drawn at 150 dots per inch and shown at 100 CSS pixels per inch (the column caps wider ones):
-# sharp on a phone's 1.5-3x screen, and a 10-point label is 14 px, near the 16 px body text.
-# (At 80 dpi shown 1:1 a 7-point legend was 8 px, and blurred when a phone zoomed in.)
-FRAME_DPI = 150
+# Drawn at 300 dots per inch and shown at 100 CSS pixels per inch (the column caps wider ones):
+# 3 image pixels per CSS pixel, sharp on a phone's 3x screen, and a 10-point label is 14 px, near
+# the 16 px body text. (At 80 dpi shown 1:1 a 7-point legend was 8 px and blurred on a phone; at
+# 150 dpi a frame had 1.5 pixels for a 3x screen's 3. A frame at 300 dpi is about twice the bytes
+# of one at 150: benchmarks/frame_resolution.py.)
+FRAME_DPI = 300
 SHOWN_PPI = 100
 
 

@@ -154,9 +154,8 @@ def test_exercises_pages_fit_a_phone(phone_reports):
 def test_demo_frames_keep_their_resolution_on_a_phone(reports, phone_reports):
     """A demo's frame (course/book_demo.py) is drawn at FRAME_DPI and laid out at SHOWN_PPI
     CSS px per inch, at most the column's width: on a 390 px phone (a 358 px column) each
-    shown frame has at least FRAME_DPI / SHOWN_PPI image pixels per CSS pixel (1.5 at 150
-    dpi, where a phone has 3 device pixels: measured 1.5 for frames narrower than the column,
-    up to 2.9 for the widest; a sharp frame at 3 would need FRAME_DPI = 300)."""
+    shown frame has at least FRAME_DPI / SHOWN_PPI image pixels per CSS pixel: 3 at 300 dpi,
+    as many as a phone's 3x screen has device pixels (more for a frame the column narrows)."""
     from course.book_demo import FRAME_DPI, SHOWN_PPI
 
     column = min(r.column_px for r in phone_reports.values())

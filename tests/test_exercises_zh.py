@@ -243,6 +243,7 @@ def _feedback_reads_in_chinese(out, mistake) -> None:
         page = _feedback(out, student)
         assert '<html lang="zh-CN">' in page and feedback_zh["Score:"] in page, student
         assert notebook_zh["Chapter 1 exercises: tokens and embeddings"] in page, student
+        assert feedback_zh["(hidden tests: their code is not shown in feedback)"] in page, student
     hints = [zh for en, zh in checks_zh.items() if mistake.hint in en]
     assert hints, f"no translated message of ch01 holds {mistake.hint!r}"
     wrong = _feedback(out, "zh_wrong")

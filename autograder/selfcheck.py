@@ -55,23 +55,26 @@ def failure_message(error) -> str:
 def check_language(path: Path) -> str:
     """The self-check's language: the learner's (course/i18n.py), else the notebook's (a Chinese
     release self-checks in Chinese)."""
+    from course.i18n import language
+
+    return _language_of(contract.read(path)) if Path(path).is_file() else language()
+
+
+def _language_of(nb) -> str:
+    """The learner's language, else the notebook's."""
     from course.i18n import ENGLISH, known_language, language
 
     chosen = language()
-    if chosen != ENGLISH or not Path(path).is_file():
-        return chosen
-    return known_language(contract.read(path).metadata.get("course", {}).get("language"))
+    return chosen if chosen != ENGLISH else known_language(nb.metadata.get("course", {}).get("language"))
 
 
 @contextlib.contextmanager
 def _kernel_language(nb) -> Iterator[None]:
     """The kernel's checks speak the language of this self-check (the kernel reads it from the
     environment), the notebook's when the learner chose none."""
-    from course.i18n import ENGLISH, known_language, language
+    from course.i18n import ENGLISH
 
-    ours = language()
-    if ours == ENGLISH:
-        ours = known_language(nb.metadata.get("course", {}).get("language"))
+    ours = _language_of(nb)
     if ours == ENGLISH or os.environ.get("COURSE_LANGUAGE"):
         yield
         return

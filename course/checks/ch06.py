@@ -2,14 +2,14 @@
 speculative decoding.
 
 Oracles: the sampling pipeline written here in float64 (penalty, temperature, top-k, top-p) and
-``torch.multinomial`` with a generator of the same seed; grouped-query attention with RoPE over the whole sequence
-in float64 (the uncached model); a small decoder of our own, fed each prompt alone without padding or cache, whose
-greedy choice every generated token of the batch must be (within 1e-4 of the largest logit), with the inputs of
-every call recorded; a reference beam search; per-group int8 quantisation by its definition; parameter counts
-checked against published totals (Llama-2-7B has 6,738,415,616 parameters); and, for speculative decoding,
-chi-square tests of the emitted tokens against the target distribution, each bounded at p = 1e-7: a hidden run
-makes one per emitted position of each case (besides the acceptance-rate tests at 5.5 sigma), so a correct answer
-fails in a small multiple of one run in ten million.
+``torch.multinomial`` with a generator of the same seed; sliding-window grouped-query attention with RoPE over the
+whole sequence in float64, uncached, for the rolling cache; a small decoder of our own, fed each prompt alone
+without padding or cache, whose greedy choice every generated token of the batch must be (within 1e-4 of the
+largest logit), with the inputs of every call recorded; a reference beam search; per-group int8 quantisation by
+its definition; parameter counts checked against published totals (Llama-2-7B has 6,738,415,616 parameters);
+and, for speculative decoding, chi-square tests of the emitted tokens against the target distribution, each
+bounded at p = 1e-7: a hidden run makes one per emitted position of each case (besides the acceptance-rate tests
+at 5.5 sigma), so a correct answer fails in a small multiple of one run in ten million.
 """
 
 from __future__ import annotations
@@ -287,7 +287,56 @@ def _check_greedy(sample_next_token, d) -> None:
                 variants=[(logits.argmax(-1), "apply the repetition penalty before the argmax too: greedy decoding "
                                               "repeats itself without it.")])
 
-# ----------------------------------------------------------------------------- exercise 3: the cached layer
+# ----------------------------------------------------------------------------- exercise 3: a rolling KV cache
+# Oracles: sliding-window causal attention over the whole sequence, uncached, in float64 (the query at position p
+# sees the keys at positions (p - window, p], every one rotated at its own position); the keys the ring must hold
+# after each step, by their positions; and the rolling cache written again here in float64 with each bug of the
+# hints (:class:`_Ring`), run on the same chunks to name the bug an answer's outputs or ring follow. The attention
+# it calls is chapter 3's, pasted above it: chapter 3's own checks run on it first (``check_attention_tools``).
+
+_SDPA_BUILTINS = ((F, "scaled_dot_product_attention"), (F, "multi_head_attention_forward"))   # the oracle's
+_ATTENTION_TOOLS = {  # name -> (exercise of chapter 3, its chapter's check on the tools)
+    "scaled_dot_product_attention": (2, lambda t, h: ch03.check_scaled_dot_product_attention(
+        t["scaled_dot_product_attention"], hidden=h)),
+    "grouped_query_attention": (5, lambda t, h: ch03.check_grouped_query_attention(
+        t["grouped_query_attention"], t["scaled_dot_product_attention"], hidden=h)),
+}
+
+
+def _check_attention_tool(name: str, tools: dict, hidden: bool) -> None:
+    exercise, run = _ATTENTION_TOOLS[name]
+    try:
+        run(tools, hidden)
+    except CheckFailed as err:
+        fail(f"{name} (chapter 3, exercise {exercise}) fails its chapter's test: {err.what}",
+             f"in {name}: {err.hint}")
+
+
+def check_attention_tools(scaled_dot_product_attention, grouped_query_attention, hidden: bool = False) -> None:
+    """Chapter 3's own checks (exercises 2 and 5) on the attention brought into this notebook."""
+    tools = {"scaled_dot_product_attention": scaled_dot_product_attention,
+             "grouped_query_attention": grouped_query_attention}
+    for name in tools:
+        _check_attention_tool(name, tools, hidden)
+
+
+def _pasted_attention(who: str, grouped_query_attention, scaled_dot_product_attention, hidden: bool) -> list:
+    """``earlier_first``'s pairs for chapter 3's attention pasted into this notebook, which ``who`` calls."""
+    tools = {"scaled_dot_product_attention": scaled_dot_product_attention,
+             "grouped_query_attention": grouped_query_attention}
+    return [(f"{who} calls your {name} from chapter 3, which fails that chapter's tests (exercise "
+             f"{_ATTENTION_TOOLS[name][0]})", functools.partial(_check_attention_tool, name, tools, hidden))
+            for name in tools if tools[name] is not None]
+
+
+def _attend_row(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allowed: torch.Tensor, tile: bool = False):
+    """q (n_heads, T_q, d), k and v (n_kv_heads, T, d), allowed (T_q, T): query head h reads kv head h // group
+    (``tile``: h % n_kv_heads, the bug); a query that sees no key gives zeros."""
+    group = q.shape[0] // k.shape[0]
+    rep = (lambda t: t.repeat(group, 1, 1)) if tile else (lambda t: t.repeat_interleave(group, dim=0))
+    scores = (q.double() @ rep(k).transpose(-2, -1) / math.sqrt(q.shape[-1])).masked_fill(~allowed, float("-inf"))
+    probs = torch.where(allowed.any(-1, keepdim=True), scores.softmax(-1).nan_to_num(0.0), 0.0)
+    return probs @ rep(v)
 
 
 def _rope64(x: torch.Tensor, positions: torch.Tensor, base: float) -> torch.Tensor:
@@ -300,6 +349,214 @@ def _rope64(x: torch.Tensor, positions: torch.Tensor, base: float) -> torch.Tens
     angles = torch.cat((angles, angles), dim=-1)
     x1, x2 = x.chunk(2, dim=-1)
     return x * angles.cos() + torch.cat((-x2, x1), dim=-1) * angles.sin()
+
+
+def _window_attention64(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: int, base: float):
+    """Uncached sliding-window attention in float64 over a whole sequence: q (B, n_heads, L, d), k and v
+    (B, n_kv_heads, L, d) before RoPE; the query at position p sees the keys at positions (p - window, p]."""
+    pos = torch.arange(q.shape[2])
+    q, k = _rope64(q.double(), pos, base), _rope64(k.double(), pos, base)
+    allowed = (pos[None, :] <= pos[:, None]) & (pos[None, :] > pos[:, None] - window)
+    return torch.stack([_attend_row(q[b], k[b], v[b].double(), allowed) for b in range(len(q))])
+
+
+_RING_BUGS = [   # (variant, hint): a cache with this bug gives the same outputs, or ring
+    ("wide", "the window is (p - window, p]: the query at position p sees window keys, its own included, and the "
+     "key at p - window is already out of it (>, not >=)."),
+    ("strict", "a query sees its own key too: the keys at positions (p - window, p], p included (<=, not <)."),
+    ("write_first", "attend before you write: once a chunk's keys are written, the ring no longer holds the older "
+     "keys that the chunk's first queries still see. Attend over [ring ; new keys], then write the last "
+     "min(T, window) new ones."),
+    ("rope_chunk", "rotate the new queries and keys at their absolute positions seen, seen + 1, ..., not at 0, 1, "
+     "... within the chunk: a cached key keeps the rotation of its own position."),
+    ("rope_slot", "RoPE uses a token's absolute position p, not its slot p % window: once the ring wraps, the "
+     "rotations no longer follow the distances between positions."),
+    ("empty_slots", "until window tokens have been seen, some slots of the ring hold no token yet: mask them out "
+     "(the position a slot would hold is negative)."),
+    ("ring_in_order", "the ring is not in the order of positions: slot s holds the latest position before seen "
+     "that leaves remainder s, seen - 1 - (seen - 1 - s) % window, not seen - window + s."),
+    ("first_keys", "a chunk longer than the window leaves its last window keys in the ring (positions up to "
+     "seen + T - 1), not its first."),
+    ("values_from_keys", "the ring of values is filled with the chunk's values v, not its keys."),
+    ("shifted", "the ring is written in place, each key at slot p % window, the oldest overwritten: not shifted "
+     "along with a concatenation, which copies the whole window at every step."),
+    ("keys_before_rope", "store the keys after RoPE: a key in the ring keeps the rotation of its own position, and "
+     "later queries read it as it is."),
+    ("chunk_not_causal", "the new tokens are causal among themselves: the query at position p sees the chunk's keys "
+     "up to p, not the later ones."),
+    ("inverted", "the mask says where a query may attend (True: it may), as your chapter 3 attention reads it; "
+     "this one was inverted."),
+]
+_RING = ("the query at position p = seen + i attends to the keys at positions (p - window, p]: those of the ring "
+         "still inside its window and the chunk's own up to p, every key rotated at its own position.")
+_SLOT = ("the ring has window slots: the token at position p goes to slot p % window, so that once p reaches the "
+         "window, the ring wraps around and overwrites the oldest key.")
+_BOUNDED = ("the ring keeps exactly window slots, however many tokens have been seen: write each kept key into "
+            "slot p % window of self.k and self.v (index assignment), never a longer tensor.")
+
+
+class _Ring:
+    """The rolling cache in float64, as the reference writes it; ``variant`` makes one of the bugs of
+    :data:`_RING_BUGS`."""
+
+    def __init__(self, shape: tuple, window: int, base: float, variant: str = "ok") -> None:
+        self.k, self.v = torch.zeros(shape, dtype=torch.float64), torch.zeros(shape, dtype=torch.float64)
+        self.window, self.base, self.variant, self.seen = window, base, variant, 0
+
+    def step(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        T, W, bug = q.shape[2], self.window, self.variant
+        new = self.seen + torch.arange(T)
+        at = {"rope_chunk": torch.arange(T), "rope_slot": new % W}.get(bug, new)
+        q, rotated, v = _rope64(q.double(), at, self.base), _rope64(k.double(), at, self.base), v.double()
+        if bug == "write_first":
+            self._write(new, rotated, v)
+            keys, ring_k, ring_v = self._held(self.seen + T), self.k, self.v
+        else:
+            keys = torch.cat((self._held(self.seen), new))
+            ring_k, ring_v = torch.cat((self.k, rotated), dim=2), torch.cat((self.v, v), dim=2)
+        key, query = keys[None, :], new[:, None]
+        allowed = {"chunk_not_causal": torch.ones(T, len(keys), dtype=torch.bool),
+                   "strict": key < query}.get(bug, key <= query)
+        allowed = allowed & (key > query - W - int(bug == "wide")) & ((keys >= 0) | (bug == "empty_slots"))
+        allowed = ~allowed if bug == "inverted" else allowed
+        out = torch.stack([_attend_row(q[b], ring_k[b], ring_v[b], allowed) for b in range(len(q))])
+        if bug != "write_first":
+            self._write(new, k.double() if bug == "keys_before_rope" else rotated, v)
+        self.seen += T
+        return out
+
+    def _held(self, seen: int) -> torch.Tensor:
+        """(window,) the position each slot holds after ``seen`` tokens; negative: the slot is empty."""
+        slots = torch.arange(self.window)
+        if self.variant in ("ring_in_order", "shifted"):
+            return seen - self.window + slots
+        return seen - 1 - (seen - 1 - slots) % self.window
+
+    def _write(self, new: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        if self.variant == "shifted":
+            self.k, self.v = (torch.cat(pair, dim=2)[:, :, -self.window:] for pair in ((self.k, k), (self.v, v)))
+            return
+        kept = slice(None, self.window) if self.variant == "first_keys" else slice(-self.window, None)
+        slots = new[kept] % self.window
+        self.k[:, :, slots] = k[:, :, kept]
+        self.v[:, :, slots] = (k if self.variant == "values_from_keys" else v)[:, :, kept]
+
+
+def _ring_runs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: int, base: float, chunks: list) -> dict:
+    """variant -> [(output, ring keys, ring values) after each chunk], for the reference ("ok") and each bug of
+    :data:`_RING_BUGS`."""
+    runs = {}
+    for variant in ["ok", *(bug for bug, _ in _RING_BUGS)]:
+        ring, runs[variant], start = _Ring(tuple(k.shape[:2]) + (window, k.shape[3]), window, base, variant), [], 0
+        for n in chunks:
+            part = (t[:, :, start:start + n] for t in (q, k, v))
+            out = ring.step(*part).to(q.dtype)
+            runs[variant].append((out, ring.k.to(q.dtype, copy=True), ring.v.to(q.dtype, copy=True)))
+            start += n
+    return runs
+
+
+def _rolling_case(d, B: int, n_heads: int, n_kv: int, d_head: int, window: int, chunks: list, base: float,
+                  dtype: torch.dtype) -> tuple:
+    L = sum(chunks)
+    q, k, v = (d.randn(B, n, L, d_head, dtype=torch.float64).to(dtype) for n in (n_heads, n_kv, n_kv))
+    label = (f"RollingKVCache(batch_size={B}, n_kv_heads={n_kv}, window={window}, d_head={d_head}, "
+             f"dtype={str(dtype)[6:]}, rope_base={base}) with n_heads={n_heads}, fed chunks of {chunks} tokens")
+    return q, k, v, window, chunks, base, label
+
+
+def _rolling_cases(d) -> list[tuple]:
+    f32, f64 = torch.float32, torch.float64
+
+    def drawn(d):
+        n_kv, window = d.rng.randrange(1, 4), d.rng.randrange(1, 9)
+        chunks = [d.rng.randrange(1, 12)] + [d.rng.randrange(1, 10) for _ in range(d.rng.randrange(2, 6))]
+        return _rolling_case(d, d.rng.randrange(1, 4), n_kv * d.rng.randrange(1, 4), n_kv, d.rng.choice([4, 8, 16]),
+                             window, chunks, d.rng.choice([100.0, 10000.0]), d.rng.choice([f32, f64]))
+
+    if d.hidden:       # a long prompt, then decoding, float64; a window of 1 (where RoPE at slot 0 is no rotation)
+        fixed = [_rolling_case(d, 1, 6, 3, 8, 16, [150, 1, 20, 1], 10000.0, f64),
+                 _rolling_case(d, 2, 4, 2, 8, 1, [3, 1, 2], 10000.0, f32)]
+    else:              # a prefill shorter than the window, decoding past the wrap, a chunk longer than the window;
+        fixed = [_rolling_case(d, 2, 6, 2, 8, 4, [3, 2, 1, 1, 6, 1], 10000.0, f32),    # a prompt longer than it
+                 _rolling_case(d, 1, 4, 1, 8, 5, [7, 1, 3, 1], 100.0, f32)]
+    return d.cases(fixed, drawn, 4)
+
+
+@_one_thread
+def check_rolling_cache(RollingKVCache, grouped_query_attention=None, scaled_dot_product_attention=None,
+                        hidden: bool = False) -> None:
+    """A prefill and chunks of any size through the ring, against uncached sliding-window attention; after each
+    step the ring's shape (bounded by the window), its count of tokens and the keys and values it holds. A failure
+    that chapter 3's attention pasted here also has is blamed on it."""
+    d = draw("rolling_cache", hidden)
+    with earlier_first(*_pasted_attention("RollingKVCache.step", grouped_query_attention,
+                                          scaled_dot_product_attention, hidden)):
+        for q, k, v, window, chunks, base, label in _rolling_cases(d):
+            B, n_kv, d_head = k.shape[0], k.shape[1], k.shape[3]
+            cache = call(RollingKVCache, B, n_kv, window, d_head, dtype=q.dtype, rope_base=base, name=label)
+            want, runs, start = _window_attention64(q, k, v, window, base).to(q.dtype), _ring_runs(
+                q, k, v, window, base, chunks), 0
+            for i, n in enumerate(chunks):
+                where = f"{label}: step {i + 1}, the tokens at positions {start}..{start + n - 1}"
+                out = _rolling_step(cache, *(t[:, :, start:start + n] for t in (q, k, v)), where, start + n > window)
+                _check_ring(cache, where, (B, n_kv, window, d_head), q.dtype, start, n)
+                compare(out, want[:, :, start:start + n], f"{where}: the output, against sliding-window attention "
+                        f"over the whole sequence", _RING, variants=[(runs[bug][i][0], hint) for bug, hint in
+                                                                     _RING_BUGS], tol=_F32)
+                _check_ring_contents(cache, where, runs, i, start + n, window)
+                start += n
+
+
+def _rolling_step(cache, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, where: str, wraps: bool):
+    """The answer's step on copies of the chunk, the attention built-ins forbidden; a step that raises once the
+    positions reach the window is taken for writing at slot p."""
+    try:
+        with _core.forbid(*_SDPA_BUILTINS, exercise="sliding-window attention over a ring"):
+            out = cache.step(q.clone(), k.clone(), v.clone())
+    except NotImplementedError as err:
+        raise _core.not_written(err, where) from err
+    except CheckFailed:
+        raise
+    except Exception as err:  # noqa: BLE001 - judged here
+        raise CheckFailed.of(f"{where}: step raised {type(err).__name__}: {_core.capped(str(err), 300)}",
+                             _SLOT if wraps else "read the traceback above this message; the chunk was valid for "
+                             "the spec.") from err
+    expect_tensor(out, tuple(q.shape), f"{where}: the output")
+    expect(out.dtype == q.dtype, f"{where}: the output is {out.dtype}.", "keep the dtype of q.")
+    return out
+
+
+def _check_ring(cache, where: str, shape: tuple, dtype: torch.dtype, start: int, n: int) -> None:
+    """The ring keeps its shape and dtype, and seen counts the tokens so far."""
+    with own_fault():
+        for name in ("k", "v"):
+            ring = getattr(cache, name, None)
+            if isinstance(ring, torch.Tensor) and tuple(ring.shape) == shape and ring.dtype == dtype:
+                continue
+            grown = isinstance(ring, torch.Tensor) and ring.dim() == 4 and ring.shape[2] > shape[2]
+            fail(f"{where}: the ring self.{name} is {_core.describe(ring)}, expected a {dtype} tensor of shape "
+                 f"{shape}.", _BOUNDED if grown else "keep self.k and self.v as __init__ creates them, (batch_size, "
+                 "n_kv_heads, window, d_head) in the dtype given, with n_kv_heads heads, and write into them.")
+        compare(getattr(cache, "seen", None), start + n, f"{where}: self.seen, the tokens seen so far",
+                "seen counts every token the sequences have had: step adds T, the chunk's length.", variants=[
+                    (start + min(n, shape[2]), "seen counts every token the sequences have had, T more after each "
+                     "step, not only those the ring keeps.")])
+
+
+def _check_ring_contents(cache, where: str, runs: dict, i: int, end: int, window: int) -> None:
+    """The slots of the last min(end, window) positions hold their keys after RoPE and their values."""
+    slots = torch.arange(max(0, end - window), end) % window
+    with own_fault():
+        for name, column in (("k", 1), ("v", 2)):
+            got = getattr(cache, name)[:, :, slots]
+            compare(got, runs["ok"][i][column][:, :, slots], f"{where}: the ring self.{name} at the slots of "
+                    f"positions {max(0, end - window)}..{end - 1} (slot p % window)",
+                    "after a step, slot p % window holds the key (after RoPE) and the value of position p, for the "
+                    "last min(seen, window) positions.",
+                    variants=[(runs[bug][i][column][:, :, slots], hint) for bug, hint in _RING_BUGS], tol=_F32)
+
+# ----------------------------------------------------------------------------- exercise 4: batched generation
 
 
 def _causal(T: int, T_k: int, shift: int | None = None) -> torch.Tensor:
@@ -326,99 +583,6 @@ def _attend64(x, weights, n_heads, n_kv_heads, base, positions, allowed, past=No
     scores = (q @ rep(k).transpose(-2, -1) / math.sqrt(dh)).masked_fill(~allowed, float("-inf"))
     probs = torch.where(allowed.any(-1, keepdim=True), scores.softmax(-1).nan_to_num(0.0), 0.0)
     return (probs @ rep(v)).transpose(1, 2).reshape(B, T, d) @ wo.T, k, v
-
-
-def _weights(module, d_model, n_heads, n_kv_heads) -> list[torch.Tensor]:
-    """The four projections' weights, q, k, v, out: (d_model or n_kv_heads * d_head, d_model)."""
-    layers = [getattr(module, name, None) for name in ("q_proj", "k_proj", "v_proj", "out_proj")]
-    expect(all(isinstance(layer, nn.Linear) for layer in layers), "CachedSelfAttention needs nn.Linear attributes "
-           "q_proj, k_proj, v_proj and out_proj.", "create them in __init__ as nn.Linear(..., bias=False), with "
-           "exactly these names.")
-    kv = n_kv_heads * (d_model // n_heads)
-    compare([tuple(layer.weight.shape) for layer in layers], [(d_model, d_model), (kv, d_model), (kv, d_model),
-                                                               (d_model, d_model)],
-            "the weight shapes of q_proj, k_proj, v_proj and out_proj", "q_proj and out_proj are (d_model, d_model); "
-            "k_proj and v_proj produce n_kv_heads * d_head features.")
-    return [layer.weight.detach() for layer in layers]
-
-
-@_one_thread
-def check_cached_attention(CachedSelfAttention, hidden: bool = False) -> None:
-    def drawn(d):
-        n_kv = d.rng.randrange(1, 4)
-        n_heads = n_kv * d.rng.randrange(1, 4)
-        chunks = [d.rng.randrange(1, 8)] + [d.rng.randrange(1, 4) for _ in range(d.rng.randrange(2, 5))]
-        return (n_heads * 2 * d.rng.randrange(1, 5), n_heads, n_kv, d.rng.choice([100.0, 10000.0]),
-                d.rng.randrange(1, 4), chunks)
-
-    # A chunk of several tokens after a cache (the mask is bottom-right), and 6 heads over 2 (a group of
-    # 3, so that repeat_interleave(n_kv_heads) or repeat cannot pass by chance).
-    d = draw("cached_attention", hidden)
-    cases = d.cases([(24, 6, 2, 10000.0, 2, [5, 3, 1]), (12, 3, 3, 10000.0, 1, [3, 1, 1])] +
-                    ([(32, 4, 1, 500.0, 2, [4, 3, 1, 2]), (24, 6, 2, 10000.0, 1, [200, 1, 2])] if hidden else []),
-                    drawn, 3)   # hidden: chunks, and a long offset
-    for i, (d_model, n_heads, n_kv_heads, base, B, chunks) in enumerate(cases):
-        with d.sub(f"init{i}").seeded():
-            module = call(CachedSelfAttention, d_model, n_heads, n_kv_heads, rope_base=base,
-                          name="CachedSelfAttention(...)")
-        heads = (weights := _weights(module, d_model, n_heads, n_kv_heads), n_heads, n_kv_heads, base)
-        x = d.randn(B, T := sum(chunks), d_model)
-        want = (*_attend64(x, *heads, torch.arange(T), _causal(T, T)),          # out, k, v; and k before RoPE
-                (x.double() @ weights[1].double().T).view(B, T, n_kv_heads, -1).transpose(1, 2))
-        tag = f"CachedSelfAttention(d_model={d_model}, n_heads={n_heads}, n_kv_heads={n_kv_heads})"
-        for run in ([T], chunks):   # the whole sequence (the uncached model); a prefill, then a chunk at a time
-            cache, start = None, 0
-            for n in run:
-                cache, start = _check_step(module, x, start, n, cache, heads, want, tag), start + n
-
-
-def _check_step(module, x: torch.Tensor, start: int, n: int, cache, heads: tuple, want: tuple, tag: str):
-    """Tokens start..start + n - 1 of x (B, T, d) after the answer's cache of the first ``start``: the uncached
-    model's outputs at those positions, and a cache of every token so far. Returns the answer's new cache."""
-    out, k, v, unrotated = want
-    n_heads, n_kv_heads, T_k, here = heads[1], heads[2], start + n, start + torch.arange(n)
-    step = f"{tag} on tokens {start}..{T_k - 1} with {start} cached"
-    result = call(module, x[:, start:T_k].clone(), cache, name=f"{tag}.forward")
-    expect(isinstance(result, (tuple, list)) and len(result) == 2,
-           f"{tag}.forward should return (out, (k, v)).", "return the output and the new cache as a pair.")
-
-    def attend(positions, allowed, tile=False):     # the oracle with one condition changed
-        past = (k[:, :, :start], v[:, :, :start])
-        return lambda: _attend64(x[:, start:T_k], *heads, positions, allowed, past, tile)[0]
-    compare(result[0], out[:, start:T_k], f"{step}: the output, against the uncached model's at those positions",
-            "with a cache the new tokens must give exactly the outputs of the uncached model at their positions: "
-            "rotate q and k at positions past_len + arange(T), attend to the cached and new keys, and mask so that "
-            "new token i sees keys j <= past_len + i." if start else "without a cache this is causal grouped-query "
-            "attention with RoPE at positions 0..T-1: check the head split, apply_rope on q and k, the causal mask "
-            "and the 1/sqrt(d_head) scale.", variants=[
-                (attend(here, _causal(n, T_k), tile=True) if n_kv_heads not in (1, n_heads) else None,
-                 "query head h uses key/value head h // (n_heads // n_kv_heads): use repeat_interleave on the "
-                 "head dimension, not repeat (which tiles the heads in the wrong order)."),
-                (attend(torch.arange(n), _causal(n, T_k)) if start else None,
-                 "the positions of new tokens must start at the cache length: RoPE for the new tokens uses "
-                 "positions past_len, past_len + 1, ..., not 0, 1, ..."),
-                (attend(here, _causal(n, T_k, 0)) if start else None,
-                 "the causal mask is aligned top-left: with T_q new queries and T_k keys, query i may see "
-                 "keys j <= i + (T_k - T_q). is_causal=True in F.scaled_dot_product_attention aligns it "
-                 "top-left, which is wrong once keys are cached."),
-                (attend(here, torch.ones(n, T_k, dtype=torch.bool)) if start else None,
-                 "several new tokens arrived with a cache and were not masked: each new token may see the "
-                 "cache and the new tokens up to itself (j <= past_len + i), not the ones after it.")], tol=_F32)
-    cache = result[1]
-    expect(isinstance(cache, (tuple, list)) and len(cache) == 2, f"{step} should return (out, (k, v)); the cache "
-           f"was {type(cache).__name__}.", "return the concatenated keys and values as a tuple (k, v).")
-    compare(cache[0], k[:, :, :T_k], f"{step}: the cached keys",
-            "the cache holds the keys of every position so far, concatenated along time (dim=2).", variants=[
-                (when(lambda got: n_heads != n_kv_heads and tuple(got.shape) == (len(x), n_heads, T_k, k.shape[-1])),
-                 "cache the n_kv_heads keys and values before repeating them for the query heads: storing "
-                 "(B, n_kv_heads, T, d_head) is the memory saving of grouped-query attention."),
-                (unrotated[:, :, :T_k], "cache the keys after RoPE: a cached key keeps the rotation of its own "
-                                        "position, so old keys never need rotating again.")], tol=_F32)
-    compare(cache[1], v[:, :, :T_k], f"{step}: the cached values",
-            "cache the values of every position so far, concatenated along time (dim=2).", tol=_F32)
-    return cache
-
-# ----------------------------------------------------------------------------- exercise 4: batched generation
 
 
 class TinyDecoder(nn.Module):
@@ -1397,32 +1561,7 @@ def _check_expected_tokens(expected_tokens_per_step, d) -> None:
 # extended by concatenation, copied whole by a fork); a bookkeeping of abstract blocks (which blocks each sequence
 # holds, how many tables hold each block) that says how many blocks a correct cache uses and which of them are
 # shared, run again with each bug to name it; and attention over each sequence's contiguous keys, row by row in
-# float64, for the paged attention.
-
-_SDPA_BUILTINS = ((F, "scaled_dot_product_attention"), (F, "multi_head_attention_forward"))   # the oracle's
-_ATTENTION_TOOLS = {  # name -> (exercise of chapter 3, its chapter's check on the tools)
-    "scaled_dot_product_attention": (2, lambda t, h: ch03.check_scaled_dot_product_attention(
-        t["scaled_dot_product_attention"], hidden=h)),
-    "grouped_query_attention": (5, lambda t, h: ch03.check_grouped_query_attention(
-        t["grouped_query_attention"], t["scaled_dot_product_attention"], hidden=h)),
-}
-
-
-def _check_attention_tool(name: str, tools: dict, hidden: bool) -> None:
-    exercise, run = _ATTENTION_TOOLS[name]
-    try:
-        run(tools, hidden)
-    except CheckFailed as err:
-        fail(f"{name} (chapter 3, exercise {exercise}) fails its chapter's test: {err.what}",
-             f"in {name}: {err.hint}")
-
-
-def check_attention_tools(scaled_dot_product_attention, grouped_query_attention, hidden: bool = False) -> None:
-    """Chapter 3's own checks (exercises 2 and 5) on the attention brought into this notebook."""
-    tools = {"scaled_dot_product_attention": scaled_dot_product_attention,
-             "grouped_query_attention": grouped_query_attention}
-    for name in tools:
-        _check_attention_tool(name, tools, hidden)
+# float64, for the paged attention (chapter 3's attention pasted above exercise 3, checked there).
 
 
 class _Blocks:
@@ -1768,16 +1907,6 @@ def _row_keys(pool: torch.Tensor, row: torch.Tensor, layout: str = "ok") -> torc
     return blocks.reshape(n_blocks * size, n_kv, d_head).transpose(0, 1)
 
 
-def _attend_row(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allowed: torch.Tensor, tile: bool = False):
-    """q (n_heads, T_q, d), k and v (n_kv_heads, T, d), allowed (T_q, T): query head h reads kv head h // group
-    (``tile``: h % n_kv_heads, the bug); a query that sees no key gives zeros."""
-    group = q.shape[0] // k.shape[0]
-    rep = (lambda t: t.repeat(group, 1, 1)) if tile else (lambda t: t.repeat_interleave(group, dim=0))
-    scores = (q.double() @ rep(k).transpose(-2, -1) / math.sqrt(q.shape[-1])).masked_fill(~allowed, float("-inf"))
-    probs = torch.where(allowed.any(-1, keepdim=True), scores.softmax(-1).nan_to_num(0.0), 0.0)
-    return probs @ rep(v)
-
-
 def _paged_reference(q, k_pool, v_pool, tables, lengths, order="table", layout="ok", values="v", padded=False,
                      shift=0, top_left=False, causal=True, tile=False) -> torch.Tensor:
     """Attention of each row's last T_q tokens over its keys read through its table row, one row at a time, in
@@ -1865,12 +1994,8 @@ def check_paged_attention(paged_attention, grouped_query_attention=None, scaled_
     """Attention read through block tables against each sequence's keys in a row of their own; a failure that
     chapter 3's attention pasted here also has is blamed on it."""
     d = draw("paged_attention", hidden)
-    tools = {"scaled_dot_product_attention": scaled_dot_product_attention,
-             "grouped_query_attention": grouped_query_attention}
-    earlier = [(f"paged_attention calls your {name} from chapter 3, which fails that chapter's tests (exercise "
-                f"{_ATTENTION_TOOLS[name][0]})", functools.partial(_check_attention_tool, name, tools, hidden))
-               for name in tools if tools[name] is not None]
-    with earlier_first(*earlier):
+    with earlier_first(*_pasted_attention("paged_attention", grouped_query_attention, scaled_dot_product_attention,
+                                          hidden)):
         for q, k_pool, v_pool, tables, lengths, label in _paged_cases(d):
             with _core.forbid(*_SDPA_BUILTINS, exercise="attention through a block table"):
                 got = call_on_copies(paged_attention, q, k_pool, v_pool, tables, lengths, name="paged_attention")

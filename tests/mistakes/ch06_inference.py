@@ -15,6 +15,21 @@ _NO_FINAL_NORM = ("n_layers * (attention + ffn + 2 * one_norm) + one_norm + head
 # The pasted grouped_query_attention splits the query heads as (group, n_kv_heads): chapter 3's own mistake.
 from mistakes.ch03_attention import _GQA_HEADS_TILED  # noqa: E402
 
+# The rolling cache (exercise 3): its RoPE lines, the position of each slot, and attend-then-write.
+EX3 = ("ex3_visible", "ex3_hidden")
+_ROPE = ("        q = apply_rope(q, new, self.rope_base)\n"
+         "        k = apply_rope(k, new, self.rope_base)                              # kept after RoPE\n")
+_HELD = "held = self.seen - 1 - (self.seen - 1 - slots) % W"
+_WRITES = ("        kept = new[-W:]                                                     # the last min(T, W) positions\n"
+           "        self.k[:, :, kept % W] = k[:, :, -W:]                               # attended first, written after\n"
+           "        self.v[:, :, kept % W] = v[:, :, -W:]\n")
+_ATTEND_THEN_WRITE = (
+    "        keys = torch.cat((held, new))                                       # (W + T,) the positions of [ring ; new]\n"
+    "        mask = (keys >= 0) & (keys <= new[:, None]) & (keys > new[:, None] - W)    # (T, W + T)\n"
+    "        out = grouped_query_attention(q, torch.cat((self.k, k), dim=2), torch.cat((self.v, v), dim=2),\n"
+    "                                      mask[None, None])\n"
+    + _WRITES)
+
 # Continuous batching: the retire loop, and the line that remembers who was running before the step.
 _RETIRE = ("    for s, tokens in list(running.items()):\n"
            "        if tokens[-1] == eos_id or len(tokens) == max_new_tokens:\n"
@@ -62,35 +77,61 @@ MISTAKES = [
     Mistake("greedy_ignores_penalty", "ex2_answer",
             "x = process_logits(logits, 1.0, None, None, repetition_penalty, prev_tokens)\n        return",
             "x = logits\n        return", ("ex2_visible", "ex2_hidden"), "apply the repetition penalty before the argmax"),
-    # ---------------------------------------------------------------- 3: the cached layer
-    Mistake("positions_restart_at_zero", "ex3_answer",
-            "positions = past_len + torch.arange(T, device=x.device)", "positions = torch.arange(T, device=x.device)",
-            ("ex3_visible", "ex3_hidden"), "positions of new tokens must start at the cache length"),
-    Mistake("is_causal_top_left", "ex3_answer", "attn_mask=mask)", "is_causal=True)",
-            ("ex3_visible", "ex3_hidden"), "the causal mask is aligned top-left"),
-    Mistake("no_mask_with_cache", "ex3_answer", "attn_mask=mask)", "is_causal=kv_cache is None)",
-            ("ex3_visible", "ex3_hidden"), "several new tokens arrived with a cache"),
-    Mistake("cache_repeated_heads", "ex3_answer", "return self.out_proj(out), cache",
-            "return self.out_proj(out), (k, v)", ("ex3_visible", "ex3_hidden"), "before repeating them"),
-    Mistake("cache_before_rope", "ex3_answer",
-            "        k = apply_rope(k, positions, self.rope_base)\n"
-            "        if kv_cache is not None:\n"
-            "            k = torch.cat((kv_cache[0], k), dim=2)                                   # (B, n_kv_heads, T_k, d_head)\n"
-            "            v = torch.cat((kv_cache[1], v), dim=2)\n"
-            "        cache = (k, v)\n"
-            "        T_k = k.shape[2]\n",
-            "        if kv_cache is not None:\n"
-            "            k = torch.cat((kv_cache[0], k), dim=2)\n"
-            "            v = torch.cat((kv_cache[1], v), dim=2)\n"
-            "        cache = (k, v)\n"
-            "        T_k = k.shape[2]\n"
-            "        k = apply_rope(k, torch.arange(T_k, device=x.device), self.rope_base)\n",
-            ("ex3_visible", "ex3_hidden"), "cache the keys after RoPE"),
-    Mistake("gqa_repeat_tiles_heads", "ex3_answer",
-            "        k = k.repeat_interleave(group, dim=1)                                        # (B, n_heads, T_k, d_head)\n"
-            "        v = v.repeat_interleave(group, dim=1)",
-            "        k = k.repeat(1, group, 1, 1)\n        v = v.repeat(1, group, 1, 1)",
-            ("ex3_visible", "ex3_hidden"), "not repeat"),
+    # ---------------------------------------------------------------- 3: a rolling KV cache (issue 28)
+    # Chapter 3's attention pasted wrong: its own test names it, and the rolling cache's blames it.
+    Mistake("pasted_gqa_heads_tiled", "ex3_tools_answer", *_GQA_HEADS_TILED, ("ex3_tools_visible",),
+            "grouped as h % n_kv_heads"),
+    Mistake("rolling_after_pasted_gqa_tiled", "ex3_tools_answer", *_GQA_HEADS_TILED, EX3,
+            "RollingKVCache.step calls your grouped_query_attention from chapter 3", e2e=False),
+    Mistake("rolling_window_one_wide", "ex3_answer", "(keys > new[:, None] - W)", "(keys >= new[:, None] - W)", EX3,
+            "the window is (p - window, p]"),
+    Mistake("rolling_own_key_hidden", "ex3_answer", "(keys <= new[:, None])", "(keys < new[:, None])", EX3,
+            "a query sees its own key too"),
+    Mistake("rolling_writes_before_attending", "ex3_answer", _ATTEND_THEN_WRITE,
+            "        kept = new[-W:]\n"
+            "        self.k[:, :, kept % W] = k[:, :, -W:]\n"
+            "        self.v[:, :, kept % W] = v[:, :, -W:]\n"
+            "        held = self.seen + T - 1 - (self.seen + T - 1 - slots) % W\n"
+            "        mask = (held >= 0) & (held <= new[:, None]) & (held > new[:, None] - W)\n"
+            "        out = grouped_query_attention(q, self.k, self.v, mask[None, None])\n", EX3,
+            "attend before you write"),
+    Mistake("rolling_rope_within_the_chunk", "ex3_answer", _ROPE,
+            "        q = apply_rope(q, torch.arange(T, device=q.device), self.rope_base)\n"
+            "        k = apply_rope(k, torch.arange(T, device=q.device), self.rope_base)\n", EX3,
+            "not at 0, 1, ... within the chunk"),
+    Mistake("rolling_rope_at_slots", "ex3_answer", _ROPE,
+            "        q = apply_rope(q, new % W, self.rope_base)\n"
+            "        k = apply_rope(k, new % W, self.rope_base)\n", EX3, "not its slot p % window"),
+    Mistake("rolling_attends_empty_slots", "ex3_answer", "mask = (keys >= 0) & (keys <= new[:, None])",
+            "mask = (keys <= new[:, None])", EX3, "hold no token yet"),
+    Mistake("rolling_ring_taken_in_order", "ex3_answer", _HELD, "held = self.seen - W + slots", EX3,
+            "the ring is not in the order of positions"),
+    Mistake("rolling_keeps_first_keys", "ex3_answer", _WRITES,
+            "        kept = new[:W]\n"
+            "        self.k[:, :, kept % W] = k[:, :, :W]\n"
+            "        self.v[:, :, kept % W] = v[:, :, :W]\n", EX3, "its last window keys"),
+    Mistake("rolling_values_from_keys", "ex3_answer", "self.v[:, :, kept % W] = v[:, :, -W:]",
+            "self.v[:, :, kept % W] = k[:, :, -W:]", EX3, "filled with the chunk's values v"),
+    TwoMistakes("rolling_stores_keys_before_rope", "ex3_answer", "        k = apply_rope(k, new, self.rope_base)",
+                "        k_rot = apply_rope(k, new, self.rope_base)", EX3, "store the keys after RoPE",
+                cell2="ex3_answer", old2="torch.cat((self.k, k), dim=2)", new2="torch.cat((self.k, k_rot), dim=2)"),
+    Mistake("rolling_chunk_sees_its_future", "ex3_answer", "(keys >= 0) & (keys <= new[:, None]) & ",
+            "(keys >= 0) & ", EX3, "causal among themselves"),
+    Mistake("rolling_mask_inverted", "ex3_answer", "mask[None, None])", "~mask[None, None])", EX3,
+            "this one was inverted"),
+    Mistake("rolling_slot_p", "ex3_answer", _WRITES,
+            "        kept = new[-W:]\n"
+            "        self.k[:, :, kept] = k[:, :, -W:]\n"
+            "        self.v[:, :, kept] = v[:, :, -W:]\n", EX3, "goes to slot p % window"),
+    Mistake("rolling_unbounded_cache", "ex3_answer", _WRITES,
+            "        self.k = torch.cat((self.k, k), dim=2)\n"
+            "        self.v = torch.cat((self.v, v), dim=2)\n", EX3, "never a longer tensor"),
+    TwoMistakes("rolling_window_shifted", "ex3_answer", _WRITES,
+                "        self.k = torch.cat((self.k, k), dim=2)[:, :, -W:]\n"
+                "        self.v = torch.cat((self.v, v), dim=2)[:, :, -W:]\n", EX3, "not shifted",
+                cell2="ex3_answer", old2=_HELD, new2="held = self.seen - W + slots"),
+    Mistake("rolling_seen_counts_kept", "ex3_answer", "self.seen += T", "self.seen += min(T, W)", EX3,
+            "not only those the ring keeps"),
     # ---------------------------------------------------------------- 4: batched generation
     Mistake("right_padding", "ex4_answer",
             "        ids[b, T0 - len(p):] = p                                                # left padding\n"
@@ -266,10 +307,8 @@ MISTAKES = [
     Mistake("expected_tokens_off_by_one", "ex8_answer", "(1 - alpha ** (k + 1))", "(1 - alpha ** k)",
             ("ex8_visible", "ex8_hidden"), "numerator is 1 - a^(k+1)"),
     # ---------------------------------------------------------------- 9: a paged KV cache (issue 28)
-    # Chapter 3's attention pasted wrong: its own test names it, and paged_attention's blames it.
-    Mistake("pasted_gqa_heads_tiled", "ex9_tools_answer", *_GQA_HEADS_TILED, ("ex9_tools_visible",),
-            "grouped as h % n_kv_heads"),
-    Mistake("paged_attention_after_pasted_gqa_tiled", "ex9_tools_answer", *_GQA_HEADS_TILED,
+    # Chapter 3's attention (pasted in exercise 3) wrong: paged_attention's test blames it.
+    Mistake("paged_attention_after_pasted_gqa_tiled", "ex3_tools_answer", *_GQA_HEADS_TILED,
             ("ex9_visible", "ex9_hidden"), "paged_attention calls your grouped_query_attention from chapter 3",
             e2e=False),
     Mistake("paged_block_at_boundary", "ex9_answer", "while len(table) * self.block_size < start + len(k):",

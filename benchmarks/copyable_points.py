@@ -57,6 +57,7 @@ import builtins
 import keyword
 import re
 import sys
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -120,10 +121,12 @@ def normalise(code: str, keep: set[str]) -> str:
 def _literal(kind: str, text: str) -> str:
     """A string literal written one way (``'a'`` and ``"a"`` alike); other tokens unchanged."""
     if kind == "string" and not re.match(r"[fF]|[rRbB][fF]", text):
-        try:
-            return repr(ast.literal_eval(text))
-        except (ValueError, SyntaxError):
-            pass
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")           # printed "\s" and the like: still a literal
+            try:
+                return repr(ast.literal_eval(text))
+            except (ValueError, SyntaxError):
+                pass
     return text
 
 

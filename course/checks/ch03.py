@@ -11,12 +11,14 @@ forbids. Oracles and wrong variants see the inputs as drawn: the answers get cop
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from . import ch02
 from ._core import CheckFailed, call, earlier_answers, earlier_first, expect_tensor, forbid, judge_prediction
 from ._core import one_thread as _one_thread
 from ._recorders import LargestTensor as _LargestTensor
@@ -1142,6 +1144,35 @@ def _check_flash_dtypes(fn, d) -> None:
                 "overflows.", tol=(atol, atol))
 
 # ----------------------------------------------------------------------------- exercise 10
+# The step rotates with chapter 2's apply_rope (exercise 5), pasted above it: chapter 2's own check runs on it
+# first (``check_rope_tools``), and a failing case is blamed on it when it fails that check and rotates this case's
+# queries and keys wrongly; when it rotates them right, the cause is in the step.
+
+
+def _check_rope_tool(apply_rope, hidden: bool) -> None:
+    try:
+        ch02.check_apply_rope(apply_rope, hidden=hidden)
+    except CheckFailed as err:
+        fail(f"apply_rope (chapter 2, exercise 5) fails its chapter's test: {err.what}", f"in apply_rope: {err.hint}")
+
+
+def check_rope_tools(apply_rope, hidden: bool = False) -> None:
+    """Chapter 2's own check (exercise 5) on the apply_rope brought into this notebook."""
+    _check_rope_tool(apply_rope, hidden)
+
+
+def _rotates_right(apply_rope, d, B: int, H: int, n_kv: int, dh: int, T_past: int, T_new: int, base: float,
+                   dtype: torch.dtype) -> bool:
+    """Whether apply_rope passes chapter 2's check on tensors of this case: queries and keys at T_past .. T_past +
+    T_new - 1, and every position up to the last, in this dtype."""
+    try:
+        for heads in {H, n_kv}:
+            for T in (T_new, T_past + T_new):
+                x = d.randn(B, heads, T, dh, dtype=torch.float64).to(dtype)
+                ch02._check_rope_case(apply_rope, x, torch.arange(T_past + T_new - T, T_past + T_new), base)
+    except (CheckFailed, NotImplementedError):
+        return False
+    return True
 
 
 def _rope_complex(x: torch.Tensor, positions: torch.Tensor, base: float, pairing: str = "half") -> torch.Tensor:
@@ -1209,9 +1240,9 @@ def _step_variants(oracle, T_past: int, T_new: int, cache_ok: bool) -> list:
 
 @_one_thread
 def check_decoder_attention_step(decoder_attention_step, decoder_mask=None, grouped_query_attention=None,
-                                 hidden: bool = False) -> None:
+                                 apply_rope=None, hidden: bool = False) -> None:
     """decoder_mask and grouped_query_attention, when given, are the answers of exercises 3 and 5 it may
-    call: a failure they cause is blamed on them."""
+    call, apply_rope chapter 2's, pasted: a failure they cause is blamed on them, chapter 2's RoPE first."""
     d, f32, f64 = draw("decoder_attention_step", hidden), torch.float32, torch.float64
     # (B, n_heads, n_kv_heads, d_head, T_past, T_new, vocab, base, dtype); d_model = n_heads * d_head.
     cases = [(1, 4, 2, 8, 5, 1, 11, 10000.0, f32), (2, 4, 1, 8, 3, 4, 13, 100.0, f32),
@@ -1222,11 +1253,22 @@ def check_decoder_attention_step(decoder_attention_step, decoder_mask=None, grou
              d.rng.randrange(0, 25), d.rng.randrange(1, 6), d.rng.randrange(5, 40),
              d.rng.choice([100.0, 1000.0, 10000.0]), dtype)
             for dtype, n_kv in ((t, d.rng.randrange(1, 4)) for t in (f32, f64))]
-    with earlier_first(*earlier_answers(
-            "decoder_attention_step", ("may call your decoder_mask", 3, decoder_mask, check_decoder_mask),
-            ("may call your grouped_query_attention", 5, grouped_query_attention, check_grouped_query_attention))):
-        for case in cases:
+    earlier = earlier_answers(
+        "decoder_attention_step", ("may call your decoder_mask", 3, decoder_mask, check_decoder_mask),
+        ("may call your grouped_query_attention", 5, grouped_query_attention, check_grouped_query_attention))
+    for case in cases:
+        rope = [("decoder_attention_step calls your apply_rope from chapter 2, which fails that chapter's tests "
+                 "(exercise 5)", functools.partial(_rope_at_fault, apply_rope, d.sub("apply_rope"), case, hidden))]
+        with earlier_first(*(rope if apply_rope is not None else []), *earlier):
             _check_step_case(decoder_attention_step, d, *case)
+
+
+def _rope_at_fault(apply_rope, d, case: tuple, hidden: bool) -> None:
+    """Chapter 2's check on the pasted apply_rope, for a case of the step that failed: it is at fault only when it
+    rotates this case's queries or keys wrongly; when it rotates them right, the cause is in the step."""
+    B, H, n_kv, dh, T_past, T_new, _, base, dtype = case
+    if not _rotates_right(apply_rope, d, B, H, n_kv, dh, T_past, T_new, base, dtype):
+        _check_rope_tool(apply_rope, hidden)
 
 
 def _check_step_case(fn, d, B, H, n_kv, dh, T_past, T_new, vocab, base, dtype) -> None:
@@ -1259,7 +1301,7 @@ def _check_step_case(fn, d, B, H, n_kv, dh, T_past, T_new, vocab, base, dtype) -
     variants = _step_variants(oracle, T_past, T_new, cache_ok)
     if not cache_ok:
         compare(new_k, want_keys, f"the new k_cache of {label}", diagnose(y, variants, (
-            "the new k_cache must be cat((k_cache, rope(k_new, positions)), dim=-2) with positions T_past .. "
+            "the new k_cache must be cat((k_cache, apply_rope(k_new, positions)), dim=-2) with positions T_past .. "
             "T_past + T_new - 1 (half-split pairs), and v_cache cat((v_cache, v_new), dim=-2).")))
     compare(y, want, f"the output of {label}", f"with T_past={T_past}, T_new={T_new}: x = emb[ids]; q, k, v = x @ "
             "w.T split into heads; rotate q and k at positions T_past + t; append to the caches; grouped-query "

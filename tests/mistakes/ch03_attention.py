@@ -26,6 +26,9 @@ _GQA_HEADS_TILED = (
     "    out, _ = scaled_dot_product_attention(q, k, v, mask)\n"
     "    return out.view(B, n_kv, group, T_q, -1).transpose(1, 2).reshape(B, n_heads, T_q, v.shape[-1])",
 )
+# Chapter 2's apply_rope with the interleaved layout of the angles (chapter 2's own mistake), pasted into
+# exercise 10's first cell.
+_ROPE_PAIRINGS_MIXED = ("angles = torch.cat((angles, angles), dim=-1)", "angles = angles.repeat_interleave(2, dim=-1)")
 _QUERIES_AT_THE_TOP_LEFT = (
     "query_pos = torch.arange(k_len - q_len, k_len, device=key_is_real.device)[:, None]",
     "query_pos = torch.arange(q_len, device=key_is_real.device)[:, None]",
@@ -344,25 +347,37 @@ MISTAKES = [
             "    return F.scaled_dot_product_attention(q, k, v, is_causal=causal), None\n",
             BOTH["ex9"], "asks you to write tiled attention"),
     # ---------------------------------------------------------------- 10: the decoder step
+    # Chapter 2's apply_rope pasted wrong: chapter 2's test under the paste names the cause, and the step's tests
+    # send the learner back to it first.
+    Mistake("pasted_rope_pairings_mixed", "ex10_tools_answer", *_ROPE_PAIRINGS_MIXED, ("ex10_tools_visible",),
+            "pairings are mixed"),
+    Mistake("step_after_pasted_rope_pairings_mixed", "ex10_tools_answer", *_ROPE_PAIRINGS_MIXED, BOTH["ex10"],
+            "decoder_attention_step calls your apply_rope from chapter 2, which fails that chapter's tests"),
+    # Angles in x's dtype: right for the step's float32 and float64, wrong in chapter 2's bfloat16 case, which the
+    # paste's own test (and the hidden cell, which runs it again) catches.
+    Mistake("pasted_rope_angles_in_bfloat16", "ex10_tools_answer",
+            "    work = torch.float64 if x.dtype == torch.float64 else torch.float32", "    work = x.dtype",
+            ("ex10_tools_visible", "ex10_hidden"), "the angles were computed in bfloat16"),
     Mistake("step_rope_without_offset", "ex10_answer",
             "positions = torch.arange(T_past, T_past + T_new, device=ids.device)",
             "positions = torch.arange(T_new, device=ids.device)",
             BOTH["ex10"], "rotate new token t by its absolute position"),
-    Mistake("step_rope_interleaved_pairs", "ex10_answer",
-            "    x1, x2 = x.chunk(2, dim=-1)\n"
-            "    return (x * angle.cos() + torch.cat((-x2, x1), dim=-1) * angle.sin()).to(x.dtype)",
-            "    angle = angle[..., : d // 2].repeat_interleave(2, dim=-1)\n"
-            "    x1, x2 = x[..., 0::2], x[..., 1::2]\n"
-            "    return (x * angle.cos() + torch.stack((-x2, x1), dim=-1).flatten(-2) * angle.sin()).to(x.dtype)",
-            BOTH["ex10"], "interleaved pairs"),
     Mistake("step_cache_rotated_again", "ex10_answer",
             "k_cache, v_cache = torch.cat((k_cache, k), dim=-2), torch.cat((v_cache, v), dim=-2)",
-            "k_cache = rope(k_cache, torch.arange(T_past, device=ids.device), base)\n"
+            "k_cache = apply_rope(k_cache, torch.arange(T_past, device=ids.device), base)\n"
             "    k_cache, v_cache = torch.cat((k_cache, k), dim=-2), torch.cat((v_cache, v), dim=-2)",
             BOTH["ex10"], "the cached keys were rotated again"),
+    # The whole grown cache rotated at T_past .. after the concatenation (positions of the new tokens only).
+    Mistake("step_rotates_after_appending", "ex10_answer",
+            "    q, k = apply_rope(q, positions, base), apply_rope(k, positions, base)\n"
+            "    k_cache, v_cache = torch.cat((k_cache, k), dim=-2), torch.cat((v_cache, v), dim=-2)\n",
+            "    k_cache, v_cache = torch.cat((k_cache, k), dim=-2), torch.cat((v_cache, v), dim=-2)\n"
+            "    q = apply_rope(q, positions, base)\n"
+            "    k_cache = apply_rope(k_cache, torch.arange(T_past + T_new, device=ids.device), base)\n",
+            BOTH["ex10"], "the cached keys were rotated again"),
     Mistake("step_values_rotated", "ex10_answer",
-            "q, k = rope(q, positions, base), rope(k, positions, base)",
-            "q, k, v = rope(q, positions, base), rope(k, positions, base), rope(v, positions, base)",
+            "q, k = apply_rope(q, positions, base), apply_rope(k, positions, base)",
+            "q, k, v = apply_rope(q, positions, base), apply_rope(k, positions, base), apply_rope(v, positions, base)",
             BOTH["ex10"], "the values were rotated"),
     Mistake("step_mask_top_left", "ex10_answer",
             "    mask = decoder_mask(torch.ones(B, T_past + T_new, dtype=torch.bool, device=ids.device), T_new)",
@@ -434,5 +449,7 @@ E2E = {
     "gqa_repeat_interleave_copies",
     "flash_running_sum_not_rescaled",
     "step_rope_without_offset",
+    "step_after_pasted_rope_pairings_mixed",
+    "pasted_rope_angles_in_bfloat16",
     "attention_shortcut",
 }

@@ -19,7 +19,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ._core import call, earlier_answers, earlier_first, expect_tensor, forbid, judge_prediction
+from . import ch02, ch03
+from ._core import CheckFailed, call, earlier_answers, earlier_first, expect_tensor, forbid, judge_prediction
 from ._core import meta_table, one_thread as _one_thread
 from ._vocabulary import call_on_copies, compare, draw, expect, expect_tensor_of, fail, judge_configured, matches
 from ._vocabulary import passes, when
@@ -38,15 +39,13 @@ _NORMS = ((F, "layer_norm"), (F, "rms_norm"), (torch, "layer_norm"), (torch, "rm
 _MOVES = tuple((owner, name) for owner in (torch, torch.Tensor)
                for name in ("movedim", "moveaxis", "swapaxes", "swapdims", "permute", "transpose"))
 _LOW = (torch.bfloat16, torch.float16)
-_INTERLEAVED_ROPE = ("RoPE paired neighbouring entries (2j, 2j + 1): this block uses the half-split pairing, entry j "
-                     "with entry j + d_head/2 (rotate_half).")
 _IN_PLACE = ("build new tensors: x - mean, not x -= mean or x.sub_(mean) (and x.float() of a float32 x is x itself, "
              "not a copy): the caller reads its input again, as the residual connection of a block does.")
 
 # The decoder block's hint; {then} is its residual wiring, a formula (a template: a translation keeps {then}).
-_SUBLAYER_FIRST = ("test the attention sublayer alone: project, split into heads (B, heads, T, d_head), rotate q and "
-                   "k (half-split RoPE at positions 0 .. T-1), give query head h the key/value head h // group, "
-                   "causal mask, scale 1/sqrt(d_head), merge the heads, w_o; then {then}")
+_SUBLAYER_FIRST = ("test the attention sublayer alone: project, split into heads (B, heads, T, d_head), apply_rope to "
+                   "q and k at positions 0 .. T-1, grouped_query_attention with the causal mask (True on and below "
+                   "the diagonal), merge the heads, w_o; then {then}")
 
 
 def _run(fn: Callable, x: torch.Tensor, name: str, dtype_hint: str | None = None, forbidden: tuple = (),
@@ -495,29 +494,83 @@ def check_rms_norm(RMSNorm, hidden: bool = False, last_axis_only: bool = False) 
 
 
 # ----------------------------------------------------------------------------- exercise 6
+# The block's RoPE and attention are chapter 2's and chapter 3's answers, pasted into the notebook above it:
+# those chapters' own checks run on them (check_block_tools), and a failure of the block that one of them also
+# has is blamed on it first. Oracle: the block written with built-ins (F.rms_norm, F.scaled_dot_product_attention
+# with enable_gqa, F.silu) and chapter 3's complex RoPE.
 
-def _decoder_oracle(x: torch.Tensor, p: dict, H: int, H_kv: int, pre: bool, base: float, *, rope: str = "half",
-                    tile: bool = False, causal: bool = True, scale: float | None = None, layout: str | None = None,
-                    n2: str = "n2") -> torch.Tensor:
+_BLOCK_TOOLS = {  # name -> (chapter, exercise, that chapter's check on the pasted tools)
+    "apply_rope": (2, 5, lambda t, h: ch02.check_apply_rope(t["apply_rope"], hidden=h)),
+    "scaled_dot_product_attention": (3, 2, lambda t, h: ch03.check_scaled_dot_product_attention(
+        t["scaled_dot_product_attention"], hidden=h)),
+    "grouped_query_attention": (3, 5, lambda t, h: ch03.check_grouped_query_attention(
+        t["grouped_query_attention"], t["scaled_dot_product_attention"], hidden=h)),
+}
+
+
+def _check_block_tool(name: str, tools: dict, hidden: bool) -> None:
+    chapter, exercise, run = _BLOCK_TOOLS[name]
+    try:
+        run(tools, hidden)
+    except CheckFailed as err:
+        fail(f"{name} (chapter {chapter}, exercise {exercise}) fails its chapter's test: {err.what}",
+             f"in {name}: {err.hint}")
+
+
+def check_block_tools(apply_rope, scaled_dot_product_attention, grouped_query_attention,
+                      hidden: bool = False) -> None:
+    """Chapter 2's own check (exercise 5) and chapter 3's (exercises 2 and 5) on the RoPE and the attention
+    brought into this notebook."""
+    tools = {"apply_rope": apply_rope, "scaled_dot_product_attention": scaled_dot_product_attention,
+             "grouped_query_attention": grouped_query_attention}
+    for name in tools:
+        _check_block_tool(name, tools, hidden)
+
+
+def _pasted_tools(who: str, hidden: bool, **tools: Any) -> list:
+    """``earlier_first``'s pairs for the earlier chapters' answers pasted into this notebook, which ``who`` calls."""
+    return [(f"{who} calls your {name} from chapter {_BLOCK_TOOLS[name][0]}, which fails that chapter's tests "
+             f"(exercise {_BLOCK_TOOLS[name][1]})", functools.partial(_check_block_tool, name, tools, hidden))
+            for name in _BLOCK_TOOLS if tools.get(name) is not None]
+
+
+def _attend(q, k, v, mask: str, scale: float, tile: bool) -> torch.Tensor:
+    """Causal GQA by F.scaled_dot_product_attention; the wrong masks (none, or the upper triangle taken for the
+    allowed keys) and the tiled heads of the variants written out, a row that sees no key giving zeros."""
+    T, group = q.shape[-2], q.shape[1] // k.shape[1]
+    if tile:
+        k, v = k.repeat(1, group, 1, 1), v.repeat(1, group, 1, 1)
+    if mask != "upper":
+        return F.scaled_dot_product_attention(q, k, v, is_causal=mask == "causal", scale=scale, enable_gqa=True)
+    allowed = torch.ones(T, T, dtype=torch.bool).triu(1)
+    k, v = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
+    scores = (q.double() @ k.double().transpose(-2, -1) * scale).masked_fill(~allowed, float("-inf"))
+    return (scores.softmax(-1).nan_to_num(0.0) @ v.double()).to(q.dtype)
+
+
+def _decoder_oracle(x: torch.Tensor, p: dict, H: int, H_kv: int, pre: bool, base: float, *, rope: str = "heads",
+                    tile: bool = False, mask: str = "causal", scale: float | None = None, split: str = "transpose",
+                    layout: str | None = None, n2: str = "n2") -> torch.Tensor:
     """The block written with built-ins (RoPE as chapter 3's complex multiplication); the keyword arguments
     make the tests' wrong variants."""
     B, T, d = x.shape
     dh = d // H
 
-    def norm(h, name):
-        return F.rms_norm(h, (d,), p[name].to(h.dtype), 1e-6)
-
     def heads(h, w, n, rotate):    # (B, T, d) -> (B, n, T, dh), rotated at positions 0 .. T-1
-        h = F.linear(h, w).view(B, T, n, dh).transpose(1, 2)
-        pairing = "interleaved" if rope == "interleaved" else "half"
-        return _rope_complex(h, torch.arange(T), base, pairing).to(h.dtype) if rotate and rope != "none" else h
+        h = F.linear(h, w)
+        if rotate and rope == "before split":    # the whole projection rotated as one head
+            h = _rope_complex(h, torch.arange(T), base).to(h.dtype)
+        h = h.view(B, T, n, dh).transpose(1, 2) if split == "transpose" else h.view(B, n, T, dh)
+        return _rope_complex(h, torch.arange(T), base).to(h.dtype) if rotate and rope in ("heads", "q only") else h
 
     def attn(h):
-        q, k, v = heads(h, p["wq"], H, True), heads(h, p["wk"], H_kv, rope != "q only"), heads(h, p["wv"], H_kv, False)
-        if tile:
-            k, v = k.repeat(1, H // H_kv, 1, 1), v.repeat(1, H // H_kv, 1, 1)
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale, enable_gqa=not tile)
+        q, k, v = heads(h, p["wq"], H, rope != "none"), heads(h, p["wk"], H_kv, rope not in ("none", "q only")), \
+            heads(h, p["wv"], H_kv, False)
+        y = _attend(q, k, v, mask, scale or 1 / math.sqrt(dh), tile)
         return F.linear(y.transpose(1, 2).reshape(B, T, H * dh), p["wo"])
+
+    def norm(h, name):
+        return F.rms_norm(h, (d,), p[name].to(h.dtype), 1e-6)
 
     def ffn(h):
         return _swiglu_ref(h, *p["wgu"].chunk(2), p["wd"])
@@ -544,17 +597,25 @@ def _decoder_variants(x, p, H, H_kv, pre, base) -> list:
          "x = norm(x + f(x)) is Post-LN; Pre-LN normalises the input of each sublayer and adds its output to the "
          "un-normalised x: x = x + f(norm(x))." if pre else
          "x = x + f(norm(x)) is Pre-LN; Post-LN adds first and normalises the sum: x = norm(x + f(x))."),
-        (dict(rope="interleaved"), _INTERLEAVED_ROPE),
-        (dict(rope="none"), "queries and keys were not rotated: apply RoPE to both, after splitting into heads."),
+        (dict(rope="none"), "queries and keys were not rotated: call apply_rope on both, after splitting into heads."),
         (dict(rope="q only"), "only the queries were rotated: RoPE rotates the keys too (never the values)."),
-        (dict(causal=False), "there is no causal mask: position t may see positions 0 .. t only."),
-        (dict(scale=1.0), f"the scores were not scaled: divide them by sqrt(d_head) = {math.sqrt(dh):.4g}."),
-        (dict(scale=1 / math.sqrt(x.shape[-1])), "the scores were scaled by 1/sqrt(d_model): the scale is "
-                                                 "1/sqrt(d_head)."),
+        (dict(rope="before split") if H > 1 else None,
+         "RoPE was applied to the whole projection before splitting it into heads: it rotates each head's d_head "
+         "features on their own, so split first, (B, heads, T, d_head), then call apply_rope."),
+        (dict(split="view") if H > 1 and x.shape[1] > 1 else None,
+         "the heads were split with view(B, heads, T, d_head), which mixes positions and heads: view(B, T, heads, "
+         "d_head) first (feature h * d_head + i is feature i of head h), then swap the T and head axes."),
+        (dict(mask="none"), "there is no causal mask: position t may see positions 0 .. t only; pass "
+                            "grouped_query_attention a (T, T) mask."),
+        (dict(mask="upper"), "the mask marks the keys a query may NOT see: grouped_query_attention reads True as "
+                             "may attend, so the causal mask is the lower triangle (tril), diagonal included."),
+        (dict(scale=1 / dh) if dh > 1 else None,
+         "the scores were scaled twice: your attention already divides them by sqrt(d_head); do not scale q (or k) "
+         "in the block."),
         (dict(n2="n1"), "norm1 was used for both sublayers: the FFN uses norm2."),
         (dict(tile=True) if H_kv not in (1, H) else None,
-         "query head h was given key/value head h % n_kv_heads (repeat tiles the heads): it uses head "
-         "h // (n_heads // n_kv_heads) (repeat_interleave)."),
+         "query head h was given key/value head h % n_kv_heads: k and v were copied to n_heads heads with repeat, "
+         "which tiles them. Pass them as they are, n_kv_heads heads: grouped_query_attention groups the heads."),
         (dict(layout="normalised residual") if pre else None,
          "the residual carries the normalised x: keep the un-normalised x on the residual path (x = x + "
          "attn(norm1(x)))."),
@@ -587,44 +648,37 @@ def _decoder_weights(block: Any, width: int, H: int, H_kv: int, h: int, d) -> di
 
 
 def _run_block(block: Any, x: torch.Tensor, shown: str) -> torch.Tensor:
-    return _run(block, x, f"{shown}.forward", "build the angles and the mask on x's device, and cast cos and sin to "
-                "x's dtype.", ((F, "scaled_dot_product_attention"), *_NORMS, (F, "silu")),
+    return _run(block, x, f"{shown}.forward", "build the positions and the mask on x's device, and nothing in a fixed "
+                "dtype: the layers follow the module's dtype.", ((F, "scaled_dot_product_attention"), *_NORMS,
+                                                                 (F, "silu")),
                 "the decoder block with your own attention, RMSNorm and silu")
 
 
-def _check_block_rope(block: Any, shown: str, H: int, dh: int, base: float, d) -> None:
-    """block.rope on float64 queries at positions far enough (up to several hundred) that angles computed in
-    float32 are off by more than float64's tolerance: the spec asks for float64 angles for float64 inputs."""
-    T = d.rng.randrange(200, 600)
-    x = d.randn(2, H, T, dh, dtype=torch.float64)
-    expect((rope := getattr(block, "rope", None)) is not None, f"{shown} has no method `rope`.", "write the rotation "
-           "as the method rope(x): (B, heads, T, d_head) -> the same, rotated at positions 0 .. T-1; forward calls it "
-           "for queries and keys.")
-    got = _run(rope, x, f"{shown}.rope", "cast cos and sin to x's dtype, and compute them in float64 for a float64 x.")
-    want = _rope_complex(x, torch.arange(T), base)
-    compare(got, want, f"{shown}.rope on float64 queries at positions 0 .. {T - 1}",
-            "rotate entry j with entry j + d_head/2 by the angle t * theta_j, theta_j = base^(-2j/d_head).", variants=[
-                (when(lambda got: matches(got, want, (1e-4, 1e-4))),
-                 "right to float32 accuracy only: for a float64 input the spec computes the angles (theta_j and t * "
-                 "theta_j) in float64; angles of several hundred radians in float32 are off by about 1e-5."),
-                (lambda: _rope_complex(x, torch.arange(T), base, "interleaved"), _INTERLEAVED_ROPE)])
+def _block_cases(d) -> list[tuple]:
+    """(d_model, n_heads, n_kv_heads, d_hidden, pre_ln, T, dtype): two visible; hidden, float64 ones, a single
+    token, and two drawn."""
+    if not d.hidden:
+        return [(16, 4, 2, 24, True, 5, torch.float32), (12, 2, 1, 16, False, 4, torch.float32)]
+    cases = [(24, 6, 3, 20, True, d.rng.randrange(3, 8), torch.float64), (16, 4, 4, 12, False, 3, torch.float64),
+             (8, 2, 2, 8, True, 1, torch.float32)]
+    for pre in (False, True):
+        H, dh = d.rng.choice([2, 4, 6]), d.rng.choice([2, 4, 6, 8])
+        H_kv = d.rng.choice([k for k in (1, 2, 3, 6) if H % k == 0 and k < H] or [1])
+        cases.insert(0, (H * dh, H, H_kv, d.rng.randrange(4, 40), pre, d.rng.randrange(2, 9), torch.float32))
+    return cases
 
 
 @_one_thread
-def check_decoder_block(DecoderBlock, RMSNorm=None, SwiGLU=None, silu=None, hidden: bool = False) -> None:
-    """RMSNorm, SwiGLU and silu, when given, are the earlier answers the block uses."""
+def check_decoder_block(DecoderBlock, RMSNorm=None, SwiGLU=None, silu=None, apply_rope=None,
+                        grouped_query_attention=None, scaled_dot_product_attention=None, hidden: bool = False) -> None:
+    """RMSNorm, SwiGLU and silu, when given, are the earlier answers the block uses; apply_rope (chapter 2),
+    grouped_query_attention and scaled_dot_product_attention (chapter 3) those pasted above it."""
     d = draw("decoder_block", hidden)
-    # (d_model, n_heads, n_kv_heads, d_hidden, pre_ln, T, dtype)
-    cases = [(16, 4, 2, 24, True, 5, torch.float32), (12, 2, 1, 16, False, 4, torch.float32)]
-    if hidden:
-        cases = [(24, 6, 3, 20, True, d.rng.randrange(3, 8), torch.float64), (16, 4, 4, 12, False, 3, torch.float64),
-                 (8, 2, 2, 8, True, 1, torch.float32)]
-        for pre in (False, True):
-            H, dh = d.rng.choice([2, 4, 6]), d.rng.choice([2, 4, 6, 8])
-            H_kv = d.rng.choice([k for k in (1, 2, 3, 6) if H % k == 0 and k < H] or [1])
-            cases.insert(0, (H * dh, H, H_kv, d.rng.randrange(4, 40), pre, d.rng.randrange(2, 9), torch.float32))
-    with earlier_first(*_calls("DecoderBlock", silu=silu, RMSNorm=RMSNorm, SwiGLU=SwiGLU)):
-        for i, (width, H, H_kv, h, pre, T, dtype) in enumerate(cases):
+    pasted = _pasted_tools("DecoderBlock", hidden, apply_rope=apply_rope,
+                           scaled_dot_product_attention=scaled_dot_product_attention,
+                           grouped_query_attention=grouped_query_attention)
+    with earlier_first(*_calls("DecoderBlock", silu=silu, RMSNorm=RMSNorm, SwiGLU=SwiGLU), *pasted):
+        for i, (width, H, H_kv, h, pre, T, dtype) in enumerate(_block_cases(d)):
             base = 10000.0 if i % 2 == 0 else 500.0
             shown = _shown("DecoderBlock", width, H, H_kv, h, pre_ln=pre, base=base)
             block = call(DecoderBlock, width, H, H_kv, h, pre_ln=pre, base=base, name=shown)
@@ -641,10 +695,8 @@ def check_decoder_block(DecoderBlock, RMSNorm=None, SwiGLU=None, silu=None, hidd
             if hidden and T > 1:   # causality: a change to the last token leaves the earlier outputs alone
                 compare(_run_block(block, x + 3.0 * (torch.arange(T) == T - 1)[:, None], shown)[:, :-1],
                         got[:, :-1].to(_precision(x)), f"{shown}: the outputs at earlier positions after a change "
-                        "to the last token", "position t may see positions 0 .. t only: mask the scores above the "
-                        "diagonal with -inf before the softmax.")
-            if dtype == torch.float64 or i == 0:
-                _check_block_rope(block.double(), shown, H, width // H, base, d)
+                        "to the last token", "position t may see positions 0 .. t only: pass grouped_query_attention "
+                        "a (T, T) mask, True on and below the diagonal.")
             block.float()
 
 

@@ -4,6 +4,14 @@ from dataclasses import replace
 
 from notebook_tools import Mistake, TwoMistakes
 
+# Exercise 6's pasted tools: chapter 2's RoPE turning the wrong way (chapter 2's own mistake), chapter 3's
+# grouped_query_attention grouping the heads as h % n_kv_heads (chapter 3's), or dropping the mask.
+from mistakes.ch03_attention import _GQA_HEADS_TILED  # noqa: E402
+
+_ROPE_WRONG_WAY = ("    return torch.cat((-x2, x1), dim=-1)", "    return torch.cat((x2, -x1), dim=-1)")
+_GQA_MASK_IGNORED = ("    out, _ = scaled_dot_product_attention(q, k, v, mask)",
+                     "    out, _ = scaled_dot_product_attention(q, k, v)")
+
 BOTH = {f"ex{k}": (f"ex{k}_visible", f"ex{k}_hidden") for k in range(1, 10)}
 
 MISTAKES = [
@@ -23,9 +31,8 @@ MISTAKES = [
             "eps=self.eps).reshape(x32.shape)",
             BOTH["ex4"], "calling the built-in torch.nn.functional.group_norm", e2e=False),
     Mistake("block_attention_from_the_operator_registry", "ex6_answer",
-            'weights = torch.softmax(scores.masked_fill(~causal, float("-inf")), dim=-1)\n'
-            '        out = (weights @ v)',
-            "out = torch.ops.aten.scaled_dot_product_attention(q, k, v, is_causal=True)",
+            "out = grouped_query_attention(q, k, v, causal)",
+            "out = torch.ops.aten.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)",
             BOTH["ex6"], "calling the built-in torch.nn.functional.scaled_dot_product_attention", e2e=False),
     # ---------------------------------------------------------------- 1: activations
     Mistake("gelu_is_tanh_form", "ex1_answer",
@@ -171,33 +178,65 @@ MISTAKES = [
     Mistake("pre_ln_one_norm", "ex6_answer",
             "return x + self.ffn(self.norm2(x))", "return x + self.ffn(self.norm1(x))",
             BOTH["ex6"], "norm1 was used for both sublayers"),
-    Mistake("block_rope_interleaved", "ex6_answer",
-            "        angles = torch.cat([angles, angles], dim=-1)                                   # (T, D)\n"
-            "        cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)\n"
-            "        rotated = torch.cat([-x[..., D // 2:], x[..., :D // 2]], dim=-1)",
-            "        angles = angles.repeat_interleave(2, dim=-1)\n"
-            "        cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)\n"
-            "        rotated = torch.stack([-x[..., 1::2], x[..., 0::2]], dim=-1).flatten(-2)",
-            BOTH["ex6"], "RoPE paired neighbouring entries"),
-    Mistake("block_rope_queries_only", "ex6_answer", "q, k = self.rope(q), self.rope(k)", "q = self.rope(q)",
-            BOTH["ex6"], "only the queries were rotated"),
-    Mistake("block_gqa_tiled", "ex6_answer",
-            "k = k.repeat_interleave(group, dim=1)                                      # (B, H, T, dh)\n"
-            "        v = v.repeat_interleave(group, dim=1)",
-            "k = k.repeat(1, group, 1, 1)\n        v = v.repeat(1, group, 1, 1)",
+    Mistake("block_rope_queries_only", "ex6_answer",
+            "q, k = apply_rope(q, positions, self.base), apply_rope(k, positions, self.base)",
+            "q = apply_rope(q, positions, self.base)", BOTH["ex6"], "only the queries were rotated"),
+    Mistake("block_rope_before_heads", "ex6_answer",
+            "        q = self.w_q(x).view(B, T, self.n_heads, self.d_head).transpose(1, 2)      # (B, H, T, dh)\n"
+            "        k = self.w_k(x).view(B, T, self.n_kv_heads, self.d_head).transpose(1, 2)   # (B, H_kv, T, dh)\n"
+            "        v = self.w_v(x).view(B, T, self.n_kv_heads, self.d_head).transpose(1, 2)\n"
+            "        positions = torch.arange(T, device=x.device)\n"
+            "        q, k = apply_rope(q, positions, self.base), apply_rope(k, positions, self.base)\n",
+            "        positions = torch.arange(T, device=x.device)\n"
+            "        q = apply_rope(self.w_q(x), positions, self.base)                          # (B, T, H * dh)\n"
+            "        q = q.view(B, T, self.n_heads, self.d_head).transpose(1, 2)\n"
+            "        k = apply_rope(self.w_k(x), positions, self.base)\n"
+            "        k = k.view(B, T, self.n_kv_heads, self.d_head).transpose(1, 2)\n"
+            "        v = self.w_v(x).view(B, T, self.n_kv_heads, self.d_head).transpose(1, 2)\n",
+            BOTH["ex6"], "before splitting it into heads"),
+    Mistake("block_heads_split_without_transpose", "ex6_answer",
+            "        q = self.w_q(x).view(B, T, self.n_heads, self.d_head).transpose(1, 2)      # (B, H, T, dh)\n"
+            "        k = self.w_k(x).view(B, T, self.n_kv_heads, self.d_head).transpose(1, 2)   # (B, H_kv, T, dh)\n"
+            "        v = self.w_v(x).view(B, T, self.n_kv_heads, self.d_head).transpose(1, 2)\n",
+            "        q = self.w_q(x).view(B, self.n_heads, T, self.d_head)\n"
+            "        k = self.w_k(x).view(B, self.n_kv_heads, T, self.d_head)\n"
+            "        v = self.w_v(x).view(B, self.n_kv_heads, T, self.d_head)\n",
+            BOTH["ex6"], "which mixes positions and heads"),
+    Mistake("block_kv_repeated_before_gqa", "ex6_answer",
+            "out = grouped_query_attention(q, k, v, causal)",
+            "group = self.n_heads // self.n_kv_heads\n"
+            "        out = grouped_query_attention(q, k.repeat(1, group, 1, 1), v.repeat(1, group, 1, 1), causal)",
             ("ex6_visible",), "query head h was given key/value head h % n_kv_heads"),
     Mistake("block_not_causal", "ex6_answer",
-            'weights = torch.softmax(scores.masked_fill(~causal, float("-inf")), dim=-1)',
-            "weights = torch.softmax(scores, dim=-1)",
+            "out = grouped_query_attention(q, k, v, causal)", "out = grouped_query_attention(q, k, v)",
             BOTH["ex6"], "there is no causal mask"),
-    Mistake("block_scale_d_model", "ex6_answer",
-            "/ math.sqrt(self.d_head)", "/ math.sqrt(self.n_heads * self.d_head)",
-            BOTH["ex6"], "scaled by 1/sqrt(d_model)"),
+    Mistake("block_mask_upper_triangle", "ex6_answer",
+            "causal = torch.ones(T, T, dtype=torch.bool, device=x.device).tril()",
+            "causal = torch.ones(T, T, dtype=torch.bool, device=x.device).triu(1)",
+            BOTH["ex6"], "the mask marks the keys a query may NOT see"),
+    Mistake("block_scores_scaled_twice", "ex6_answer",
+            "out = grouped_query_attention(q, k, v, causal)",
+            "out = grouped_query_attention(q / math.sqrt(self.d_head), k, v, causal)",
+            BOTH["ex6"], "the scores were scaled twice"),
     Mistake("block_sdpa_shortcut", "ex6_answer",
-            'weights = torch.softmax(scores.masked_fill(~causal, float("-inf")), dim=-1)\n'
-            "        out = (weights @ v)",
-            "out = (F.scaled_dot_product_attention(q, k, v, is_causal=True))",
+            "out = grouped_query_attention(q, k, v, causal)",
+            "out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)",
             BOTH["ex6"], "yourself"),
+    # Chapter 2's RoPE or chapter 3's attention pasted wrong: its chapter's own test names it (the cell under the
+    # paste), and the block's tests send the learner back to that chapter first.
+    Mistake("pasted_rope_turns_the_wrong_way", "ex6_tools_answer", *_ROPE_WRONG_WAY, ("ex6_tools_visible",),
+            "cat(-x2, x1)"),
+    Mistake("block_after_pasted_rope_wrong", "ex6_tools_answer", *_ROPE_WRONG_WAY, BOTH["ex6"],
+            "DecoderBlock calls your apply_rope from chapter 2, which fails that chapter's tests (exercise 5): fix "
+            "that exercise first"),
+    Mistake("pasted_gqa_heads_tiled", "ex6_tools_answer", *_GQA_HEADS_TILED, ("ex6_tools_visible",),
+            "grouped as h % n_kv_heads"),
+    Mistake("block_after_pasted_gqa_tiled", "ex6_tools_answer", *_GQA_HEADS_TILED, ("ex6_visible",),
+            "DecoderBlock calls your grouped_query_attention from chapter 3, which fails that chapter's tests "
+            "(exercise 5): fix that exercise first"),
+    Mistake("block_after_pasted_gqa_mask_ignored", "ex6_tools_answer", *_GQA_MASK_IGNORED, BOTH["ex6"],
+            "DecoderBlock calls your grouped_query_attention from chapter 3, which fails that chapter's tests "
+            "(exercise 5): fix that exercise first"),
     # ---------------------------------------------------------------- 7: counting
     Mistake("count_tied_head_twice", "ex7_answer",
             "head = 0 if tied else vocab_size * d_model", "head = vocab_size * d_model",
@@ -298,9 +337,6 @@ MISTAKES = [
             "for m in model.modules() if isinstance(m, part)", "for m in model.modules() if type(m) is part",
             ("ex9_visible",), "subclasses of part count too"),
     # ---------------------------------------------------------------- dtypes the specs name (issue 32)
-    Mistake("block_rope_angles_float32", "ex6_answer",
-            "angle_dtype = torch.float64 if x.dtype == torch.float64 else torch.float32",
-            "angle_dtype = torch.float32", BOTH["ex6"], "right to float32 accuracy only"),
     Mistake("moe_router_softmax_in_input_dtype", "ex8_answer",
             "probs = torch.softmax(self.router(flat).float(), dim=-1)",
             "probs = torch.softmax(self.router(flat), dim=-1)", BOTH["ex8"], "the router's softmax ran in bfloat16"),
@@ -378,5 +414,6 @@ MISTAKES += [replace(_BY_NAME[base], name=name, failing=failing, hint=hint) for 
 
 # Graded end to end through the real autograder (each costs a kernel run).
 E2E = {"gelu_saved_reference", "pre_ln_written_as_post_ln", "layer_norm_stats_in_bf16", "swiglu_width_not_rounded",
-       "moe_capacity_never_enforced", "moe_aux_without_n_experts", "block_rope_interleaved",
+       "moe_capacity_never_enforced", "moe_aux_without_n_experts", "block_mask_upper_triangle",
+       "block_after_pasted_rope_wrong", "block_rope_before_heads",
        "share_of_blocks_only", "count_kv_full_width"}

@@ -81,10 +81,8 @@ $(LEARNER): $(STAMP)
 	  $(VENV)/bin/jupyter server extension disable --sys-prefix nbgrader.server_extensions.$$ext >/dev/null 2>&1 || exit 1; done
 	touch $@
 
-# Two workers: most tests use one core, the book's build (started by the controlling process)
-# another; tests that share a module's grading run or the built book stay on one worker.
 test: $(STAMP) sandbox $(VENDOR) browser
-	$(PY) -m pytest -n 2 --dist loadgroup
+	$(PY) -m pytest
 
 test-fast: $(STAMP) sandbox
 	$(PY) -m pytest -m "not slow"

@@ -1152,16 +1152,12 @@ def _check_flash_dtypes(fn, d) -> None:
 # queries and keys wrongly; when it rotates them right, the cause is in the step.
 
 
-def _check_rope_tool(apply_rope, hidden: bool) -> None:
+def check_rope_tools(apply_rope, hidden: bool = False) -> None:
+    """Chapter 2's own check (exercise 5) on the apply_rope brought into this notebook."""
     try:
         ch02.check_apply_rope(apply_rope, hidden=hidden)
     except CheckFailed as err:
         fail(f"apply_rope (chapter 2, exercise 5) fails its chapter's test: {err.what}", f"in apply_rope: {err.hint}")
-
-
-def check_rope_tools(apply_rope, hidden: bool = False) -> None:
-    """Chapter 2's own check (exercise 5) on the apply_rope brought into this notebook."""
-    _check_rope_tool(apply_rope, hidden)
 
 
 def _rotates_right(apply_rope, d, B: int, H: int, n_kv: int, dh: int, T_past: int, T_new: int, base: float,
@@ -1271,7 +1267,7 @@ def _rope_at_fault(apply_rope, d, case: tuple, hidden: bool) -> None:
     rotates this case's queries or keys wrongly; when it rotates them right, the cause is in the step."""
     B, H, n_kv, dh, T_past, T_new, _, base, dtype = case
     if not _rotates_right(apply_rope, d, B, H, n_kv, dh, T_past, T_new, base, dtype):
-        _check_rope_tool(apply_rope, hidden)
+        check_rope_tools(apply_rope, hidden)
 
 
 def _check_step_case(fn, d, B, H, n_kv, dh, T_past, T_new, vocab, base, dtype) -> None:

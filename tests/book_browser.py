@@ -46,6 +46,8 @@ WIDGETS = """() => Array.from(document.querySelectorAll(
   return {rendered: !!area, height: box ? box.height : 0,
           controls: area ? area.querySelectorAll('.jupyter-widgets').length : 0};
 })"""
+LOAD_EVERY_FONT = """() => Promise.all(Array.from(document.fonts).map(face => face.load().catch(() => null)))
+    .then(() => document.fonts.ready).then(() => null)"""
 BROKEN_IMAGES = """() => Array.from(document.images)
   .filter(img => !img.complete || img.naturalWidth === 0).map(img => img.src.slice(0, 80))"""
 SHOWN_FIGURES = """(demo) => Array.from(demo.querySelectorAll('img'))
@@ -307,6 +309,9 @@ class Browser:
                     "n => document.querySelectorAll('.widget-subarea .jupyter-widgets').length >= n",
                     arg=views, timeout=30_000, polling=200)
                 page.evaluate("MathJax.startup.promise.then(() => MathJax.typesetPromise())")
+            # a browser fetches a font only when some text needs it, which depends on timing;
+            # ask for every declared one, so that a wrong font address fails every run
+            page.evaluate(LOAD_EVERY_FONT)
             page.wait_for_function("() => Array.from(document.images).every(img => img.complete)",
                                    timeout=30_000, polling=200)
             report.formulas = page.locator("mjx-container").count()

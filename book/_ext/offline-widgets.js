@@ -1,9 +1,13 @@
 // Loaded between RequireJS and the widget manager (book/_ext/offline_book.py).
 (function () {
-  // The widget manager finds its fonts beside the module it is loaded as; point that
-  // module at the copy served with the book, not at the page's own folder.
+  // Each widget module (the manager, and @jupyter-widgets/base and /controls, which it
+  // defines by name) finds its fonts beside the address RequireJS gives that name; map every
+  // @jupyter-widgets name into the copy served with the book, not the page's own folder
+  // (where the fonts of the controls' icons were asked for, and 404'd, before).
   var here = document.currentScript.src.replace(/[^/]*$/, "");
-  require.config({paths: {"@jupyter-widgets/html-manager/dist": here + "html-manager"}});
+  var manager = here + "html-manager";
+  require.config({paths: {"@jupyter-widgets/html-manager/dist": manager, "@jupyter-widgets": manager}});
+  window.__jupyter_widgets_assets_path__ = manager + "/";
 
   // MathJax 3 has no MathJax.Hub; the widget manager, written for MathJax 2, typesets a
   // label with MathJax.Hub.Queue(["Typeset", MathJax.Hub, element]). Answer that call

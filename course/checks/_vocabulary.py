@@ -62,6 +62,17 @@ def expect(condition: Any, what: str, hint: str) -> None:
         fail(what, hint)
 
 
+def earlier_chapter(name: str, chapter: int, exercise: int, check: Callable[[], None]) -> None:
+    """Hold ``name``, an earlier chapter's answer pasted into this notebook, to that chapter's own
+    ``check`` (exercise ``exercise`` of chapter ``chapter``); its failure is reported as that
+    answer's, with that check's hint."""
+    try:
+        check()
+    except CheckFailed as err:
+        fail(f"{name} (chapter {chapter}, exercise {exercise}) fails its chapter's test: {err.what}",
+             f"in {name}: {err.hint}")
+
+
 # ----------------------------------------------------------------------------- draw
 
 class Draw:

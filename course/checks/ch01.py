@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import functools
 import math
-import random
 import re
 from collections import Counter
 

@@ -22,8 +22,8 @@ from . import ch02
 from ._core import CheckFailed, call, earlier_answers, earlier_first, expect_tensor, forbid, judge_prediction
 from ._core import one_thread as _one_thread
 from ._recorders import LargestTensor as _LargestTensor
-from ._vocabulary import (call_on_copies, compare, diagnose, draw, expect, expect_tensor_of, expect_tuple, fail,
-                          judge_configured, matches, passes, when)
+from ._vocabulary import (call_on_copies, compare, diagnose, draw, earlier_chapter, expect, expect_tensor_of,
+                          expect_tuple, fail, judge_configured, matches, passes, when)
 
 # ----------------------------------------------------------------------------- helpers
 
@@ -1154,10 +1154,7 @@ def _check_flash_dtypes(fn, d) -> None:
 
 def check_rope_tools(apply_rope, hidden: bool = False) -> None:
     """Chapter 2's own check (exercise 5) on the apply_rope brought into this notebook."""
-    try:
-        ch02.check_apply_rope(apply_rope, hidden=hidden)
-    except CheckFailed as err:
-        fail(f"apply_rope (chapter 2, exercise 5) fails its chapter's test: {err.what}", f"in apply_rope: {err.hint}")
+    earlier_chapter("apply_rope", 2, 5, lambda: ch02.check_apply_rope(apply_rope, hidden=hidden))
 
 
 def _rotates_right(apply_rope, d, B: int, H: int, n_kv: int, dh: int, T_past: int, T_new: int, base: float,

@@ -20,10 +20,10 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from . import ch02, ch03
-from ._core import CheckFailed, call, earlier_answers, earlier_first, expect_tensor, forbid, judge_prediction
+from ._core import call, earlier_answers, earlier_first, expect_tensor, forbid, judge_prediction
 from ._core import meta_table, one_thread as _one_thread
 from ._vocabulary import call_on_copies, compare, draw, expect, expect_tensor_of, fail, judge_configured, matches
-from ._vocabulary import passes, when
+from ._vocabulary import earlier_chapter, passes, when
 from .ch03 import _rope_complex
 
 
@@ -510,11 +510,7 @@ _BLOCK_TOOLS = {  # name -> (chapter, exercise, that chapter's check on the past
 
 def _check_block_tool(name: str, tools: dict, hidden: bool) -> None:
     chapter, exercise, run = _BLOCK_TOOLS[name]
-    try:
-        run(tools, hidden)
-    except CheckFailed as err:
-        fail(f"{name} (chapter {chapter}, exercise {exercise}) fails its chapter's test: {err.what}",
-             f"in {name}: {err.hint}")
+    earlier_chapter(name, chapter, exercise, lambda: run(tools, hidden))
 
 
 def check_block_tools(apply_rope, scaled_dot_product_attention, grouped_query_attention,

@@ -24,9 +24,9 @@ import torch.nn.functional as F
 
 from ..i18n import composed
 from . import _core, ch03, ch04
-from ._core import CheckFailed, call, earlier_answers, earlier_first, expect_tensor, one_thread as _one_thread
+from ._core import CheckFailed, call, earlier_first, expect_tensor, one_thread as _one_thread
 from ._core import own_fault, unmeasured
-from ._vocabulary import call_on_copies, compare, diagnose, draw, expect, fail, matches, when
+from ._vocabulary import call_on_copies, compare, diagnose, draw, earlier_chapter, expect, fail, matches, when
 
 # A float32 answer against a float64 oracle: the rounding of a few float32 matmuls and a softmax.
 _F32 = (1e-4, 1e-4)
@@ -305,11 +305,7 @@ _ATTENTION_TOOLS = {  # name -> (exercise of chapter 3, its chapter's check on t
 
 def _check_attention_tool(name: str, tools: dict, hidden: bool) -> None:
     exercise, run = _ATTENTION_TOOLS[name]
-    try:
-        run(tools, hidden)
-    except CheckFailed as err:
-        fail(f"{name} (chapter 3, exercise {exercise}) fails its chapter's test: {err.what}",
-             f"in {name}: {err.hint}")
+    earlier_chapter(name, 3, exercise, lambda: run(tools, hidden))
 
 
 def check_attention_tools(scaled_dot_product_attention, grouped_query_attention, hidden: bool = False) -> None:
@@ -1320,11 +1316,7 @@ def kv_prediction_passes(predicted_kv_cache_bytes) -> bool:
 
 def check_counting_tool(count_params, hidden: bool = False) -> None:
     """Chapter 4's own check (exercise 7) on the count_params brought into this notebook."""
-    try:
-        ch04.check_count_params(count_params, hidden=hidden)
-    except CheckFailed as err:
-        fail(f"count_params (chapter 4, exercise 7) fails its chapter's test: {err.what}",
-             f"in count_params: {err.hint}")
+    earlier_chapter("count_params", 4, 7, lambda: ch04.check_count_params(count_params, hidden=hidden))
 
 
 def check_memory(count_config_params, inference_memory_bytes, predicted_kv_cache_bytes=None, count_params=None,

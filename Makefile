@@ -81,8 +81,10 @@ $(LEARNER): $(STAMP)
 	  $(VENV)/bin/jupyter server extension disable --sys-prefix nbgrader.server_extensions.$$ext >/dev/null 2>&1 || exit 1; done
 	touch $@
 
+# Two workers, a test file each at a time (its module's grading run or browser runs once);
+# the book's build, started by the controlling process, runs beside them.
 test: $(STAMP) sandbox $(VENDOR) browser
-	$(PY) -m pytest
+	$(PY) -m pytest -n 2 --dist loadfile
 
 test-fast: $(STAMP) sandbox
 	$(PY) -m pytest -m "not slow"

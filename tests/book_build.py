@@ -110,3 +110,47 @@ class BookBuild:
             self.process.wait()
         self.log.close()
         shutil.rmtree(self.folder, ignore_errors=True)
+
+
+# ---------------------------------------------------------------- one build for parallel workers
+# Under pytest-xdist (`make test` runs two workers) the controlling process builds the book
+# once, when a worker's collection holds a book test, and the workers' tests read it: a
+# thread of the controller waits for the build and leaves a marker in the shared folder that
+# the workers wait for (the controller runs no tests; the workers cannot share an object).
+SHARED_ENV = "COURSE_BOOK_SHARED"
+READY, FAILED = "html-ready", "build-failed"
+
+
+def watch_for_workers(build: BookBuild, shared: Path) -> None:
+    """Run in a thread of the controller: wait for ``build``, then mark ``shared`` with
+    the HTML folder's path, or with the build's last output when it failed."""
+    try:
+        html = build.html()
+    except BaseException as err:  # noqa: BLE001 - a failed build must reach the waiting tests
+        (shared / FAILED).write_text(str(err)[-5000:] or type(err).__name__, encoding="utf-8")
+        return
+    (shared / READY).write_text(str(html), encoding="utf-8")
+
+
+class SharedBookBuild:
+    """The book as a worker sees it: built by the controller, ready when its marker is."""
+
+    background = True
+
+    def __init__(self, shared: str) -> None:
+        self.shared = Path(shared)
+
+    def html(self, timeout: float = 2400) -> Path:
+        import time
+
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if (self.shared / FAILED).exists():
+                raise AssertionError((self.shared / FAILED).read_text(encoding="utf-8"))
+            if (self.shared / READY).exists():
+                return Path((self.shared / READY).read_text(encoding="utf-8"))
+            time.sleep(1)
+        raise TimeoutError(f"the book's build gave no sign within {timeout:.0f} s ({self.shared})")
+
+    def close(self) -> None:
+        pass

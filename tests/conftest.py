@@ -25,11 +25,53 @@ def book_build():
 
 def _start_book_build():
     global _BOOK_BUILD
-    from book_build import BookBuild, BuiltBook
+    from book_build import SHARED_ENV, BookBuild, BuiltBook, SharedBookBuild
 
     # COURSE_BOOK_HTML: test a book built before (e.g. by `make book`) instead of building one
-    _BOOK_BUILD = BuiltBook(os.environ["COURSE_BOOK_HTML"]) if os.environ.get("COURSE_BOOK_HTML") else BookBuild()
+    if os.environ.get("COURSE_BOOK_HTML"):
+        _BOOK_BUILD = BuiltBook(os.environ["COURSE_BOOK_HTML"])
+    elif os.environ.get(SHARED_ENV):      # a pytest-xdist worker: the controller builds it
+        _BOOK_BUILD = SharedBookBuild(os.environ[SHARED_ENV])
+    else:
+        _BOOK_BUILD = BookBuild()
     return _BOOK_BUILD
+
+
+ONE_THREAD = ("COURSE_KERNEL_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
+
+
+def _controls_workers(config) -> bool:
+    """This process hands the tests out to pytest-xdist workers (``-n N``) and runs none."""
+    return bool(getattr(config.option, "numprocesses", None)) and not hasattr(config, "workerinput")
+
+
+def pytest_configure(config):
+    """Under ``-n N``: the workers, started after this, run one torch thread each (as every
+    process does while the book builds beside them) and learn where the book will be."""
+    if _controls_workers(config) and not os.environ.get("COURSE_BOOK_HTML"):
+        import tempfile
+
+        from book_build import SHARED_ENV
+
+        os.environ[SHARED_ENV] = tempfile.mkdtemp(prefix="course-book-shared-")
+        os.environ.update({name: "1" for name in ONE_THREAD})
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_node_collection_finished(node, ids):
+    """The controller starts the book's build as soon as a worker has collected a book test."""
+    global _BOOK_BUILD
+    from book_build import SHARED_ENV
+
+    if _BOOK_BUILD is not None or not os.environ.get(SHARED_ENV) or not any("test_book" in i for i in ids):
+        return
+    import threading
+
+    from book_build import BookBuild, watch_for_workers
+
+    _BOOK_BUILD = BookBuild()
+    threading.Thread(target=watch_for_workers, args=(_BOOK_BUILD, Path(os.environ[SHARED_ENV])),
+                     daemon=True).start()
 
 
 @pytest.hookimpl(trylast=True)      # after -m / -k have deselected what will not run
@@ -46,10 +88,13 @@ def pytest_collection_modifyitems(session, config, items):
 
             torch.set_num_threads(1)
             # ... and so does every process the tests start (graders, kernels, evaluations).
-            os.environ.update({name: "1" for name in ("COURSE_KERNEL_THREADS", "OMP_NUM_THREADS",
-                                                      "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")})
+            os.environ.update({name: "1" for name in ONE_THREAD})
 
 
 def pytest_sessionfinish(session, exitstatus):
     if _BOOK_BUILD is not None:
         _BOOK_BUILD.close()
+    if _controls_workers(session.config) and os.environ.get("COURSE_BOOK_SHARED"):
+        import shutil
+
+        shutil.rmtree(os.environ["COURSE_BOOK_SHARED"], ignore_errors=True)

@@ -156,6 +156,7 @@ class CourseTree:
         if sandboxed:
             config.CourseExecute.sandbox_factory = self.new_sandbox
         self.api = NbGraderAPI(coursedir=CourseDirectory(config=config), config=config)
+        self.warm_kernels = config.CourseExecute.warm_kernels      # the grader turns it off for a last notebook
         # nbgrader logs every copied file at INFO; keep our own output readable.
         self.api.log.setLevel(logging.WARNING)
 

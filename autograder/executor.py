@@ -16,6 +16,7 @@
 
 from __future__ import annotations
 
+import ast
 import atexit
 import os
 import signal
@@ -24,6 +25,7 @@ from pathlib import Path
 import zmq
 
 from jupyter_client.manager import AsyncKernelManager
+from jupyter_core.utils import run_sync
 from nbclient.exceptions import DeadKernelError
 from nbformat.notebooknode import NotebookNode, from_dict
 from nbgrader.preprocessors import Execute
@@ -133,10 +135,22 @@ class SandboxedKernelManager(AsyncKernelManager):
 VERDICT_LIMIT = 20_000     # characters of a failed test's message kept in the graded notebook
 
 # The kernel started ahead for the next notebook this process grades: (kernel name, manager,
-# sandbox). It imports PyTorch and the course's data (course/kernel_warmup.py) while the
+# sandbox). It imports PyTorch and the set-up cell's modules (course/kernel_warmup.py) while the
 # current notebook is graded, holds nothing of any student, and serves one notebook only.
 _SPARE: list[tuple[str, "SandboxedKernelManager", object]] = []
-WARMUP = ["--IPKernelApp.exec_lines=import course.kernel_warmup as _warm; del _warm"]
+
+
+def warmup_arguments(imports: str) -> list[str]:
+    """The kernel's start-up line: import the modules of ``imports`` (a set-up cell's import
+    statements, contract.setup_imports) and bind no name (course/kernel_warmup.py)."""
+    modules = []
+    for node in ast.parse(imports).body:
+        if isinstance(node, ast.Import):
+            modules += [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            modules += [node.module] + [f"{node.module}.{alias.name}" for alias in node.names]
+    listed = ",".join(dict.fromkeys(modules))
+    return [f"--IPKernelApp.exec_lines=import course.kernel_warmup as _warm; _warm.warm({listed!r}); del _warm"]
 
 
 def _kernel_process(km):
@@ -236,13 +250,17 @@ class CourseExecute(Execute):
                 km = super().create_kernel_manager()
                 self.km = current
                 sandbox = self._sandboxed(km)
-                await km.start_kernel(extra_arguments=WARMUP)
+                await km.start_kernel(extra_arguments=warmup_arguments(self._imports))
                 _SPARE.append((self.kernel_name, km, sandbox))
             except Exception as err:  # noqa: BLE001 - the next notebook then starts its own
                 self.log.warning("could not start the next kernel ahead: %s", err)
             finally:
                 self.km = current
         return kc
+
+    # nbconvert's preprocess enters nbclient's synchronous setup_kernel, which calls this name:
+    # nbclient binds it to its own coroutine, so without this line the override above never ran
+    start_new_kernel_client = run_sync(async_start_new_kernel_client)
 
     def preprocess(self, nb, resources=None, km=None):
         kernel_messages.install()       # a missed wake-up must not hold a cell to its time limit
@@ -458,8 +476,6 @@ class CourseExecute(Execute):
         """Each request of a judged cell leaves status messages on the notebook client's
         IOPub queue; past its high-water mark ZMQ would drop the next cell's messages, so
         the queue is emptied here."""
-        from jupyter_core.utils import run_sync
-
         async def drain() -> None:
             channel = self.kc.iopub_channel
             while await channel.msg_ready():

@@ -192,6 +192,9 @@ class Grader:
         self.force = force              # regrade everything, changed or not
         self.only_student = student     # regrade this student's submissions, keep the other rows
         self.cluster = cluster          # a Ray cluster's address: grade there (autograder.cluster)
+        # whether this process grades another notebook after the current one: a kernel is
+        # started ahead (autograder/executor.py) only for a notebook that will come
+        self.follows = True
         self.course_root = self.out / "nbgrader"
         self.tree: CourseTree | None = None
         self.assignments = sorted(p.name for p in self.solutions_dir.iterdir()
@@ -430,7 +433,10 @@ class Grader:
         workspace = type(self)(self.solutions_dir, self.out / WORK_DIR / "here", self.settings)
         workspace.attach_tree(sorted({f.assignment for f, _ in tasks if f.assignment in self.assignments}),
                               self.course_root)
+        later = sum(1 for _, sid in tasks if sid is not None)
         for found, sid in tasks:
+            later -= sid is not None
+            workspace.follows = later > 0
             yield found, sid, workspace.grade_submission(found, sid)
 
     def _longest_first(self, found: list[Found]) -> list[Found]:
@@ -497,6 +503,8 @@ class Grader:
             self._write_plain_feedback(row)
             return row
 
+        self.tree.api.config.CourseExecute.warm_kernels = self.tree.warm_kernels and (
+            self.follows or len(gradable) > 1)
         with remote.doubt_kernel_rules(doubts):
             result = self.tree.api.autograde(assignment, sid, force=True, create=True)
         if not result.get("success"):

@@ -44,6 +44,7 @@ _running: Path | None = None
 _source: Path | None = None     # the tree the main process generated
 _number = 0         # the worker's number
 _threads = 1
+_left = None        # the pool's count of notebooks no worker has taken yet (a shared integer)
 
 
 def cores() -> int:
@@ -74,7 +75,7 @@ def threads_per_worker(workers: int) -> int:
     return threads_from_environment() or max(1, cores() // max(1, workers))
 
 
-def _start_worker(make_grader, solutions_dir: Path, out: Path, settings, numbers, threads: int) -> None:
+def _start_worker(make_grader, solutions_dir: Path, out: Path, settings, numbers, threads: int, left) -> None:
     """A worker's start: what every submission needs imported and set up. It runs while the
     main process still generates the course tree, which the first task then opens."""
     from .coursetree import thread_environment
@@ -83,11 +84,11 @@ def _start_worker(make_grader, solutions_dir: Path, out: Path, settings, numbers
     import torch
 
     torch.set_num_threads(threads)
-    global _grader, _running, _number, _threads, _source
+    global _grader, _running, _number, _threads, _source, _left
     _running = Path(out) / RUNNING_DIR
     _running.mkdir(exist_ok=True)
     _grader = make_grader(solutions_dir, _running / str(os.getpid()), settings)
-    _number, _threads, _source = numbers.get(), threads, Path(out) / "nbgrader"
+    _number, _threads, _source, _left = numbers.get(), threads, Path(out) / "nbgrader", left
 
 
 def _grade_task(found, sid: str | None, attempt: int, assignments: list[str]):
@@ -95,6 +96,10 @@ def _grade_task(found, sid: str | None, attempt: int, assignments: list[str]):
         _grader.attach_tree(assignments, _source, worker=_number, threads=_threads)
     marker = _running / f"{os.getpid()}.json"
     marker.write_text(json.dumps(list(found.key)), encoding="utf-8")
+    if sid is not None:        # a kernel is started ahead only while some notebook has not been taken
+        with _left.get_lock():
+            _left.value -= 1
+            _grader.follows = _left.value > 0
     if attempt == 0 and os.environ.get(KILL_ENV) == f"{found.student}/{found.assignment}":
         os.kill(os.getpid(), signal.SIGKILL)
     try:
@@ -124,9 +129,10 @@ def start_pool(grader, workers: int, count: int) -> ProcessPoolExecutor:
     for number in range(workers):
         numbers.put(number)
     size = max(1, min(workers, count))
+    left = context.Value("i", count)      # notebooks no worker has taken yet
     pool = ProcessPoolExecutor(max_workers=size, mp_context=context, initializer=_start_worker,
                                initargs=(type(grader), grader.solutions_dir, grader.out, grader.settings, numbers,
-                                         threads_per_worker(workers)))
+                                         threads_per_worker(workers), left))
     for _ in range(size):       # a pool starts its processes for tasks: give it one each now
         pool.submit(_ready)
     return pool
@@ -145,7 +151,7 @@ def grade_in_parallel(grader, tasks: list, workers: int,
     queue = list(tasks)
     assignments = sorted({found.assignment for found, _ in tasks})
     while queue:
-        pool = pool or start_pool(grader, workers, len(queue))
+        pool = pool or start_pool(grader, workers, sum(1 for _, sid in queue if sid is not None))
         futures = {pool.submit(_grade_task, found, sid, attempts.get(found.key, 0), assignments): (found, sid)
                    for found, sid in queue}
         queue, broken, finished = [], False, False

@@ -507,3 +507,28 @@ def test_resume_regrades_only_the_missing_row(killed_run):
     assert [(r["student"], r["status"]) for r in rows] == [("a", "graded"), ("b", "graded"), ("c", "broken"),
                                                            ("caf\\udce9", "broken")]
     assert "not valid JSON" in rows[2]["notes"]
+
+
+@pytest.mark.slow
+def test_a_kernel_is_started_ahead_only_for_a_notebook_that_will_come(tmp_path, monkeypatch):
+    """Each notebook's kernel starts while the one before it is graded; after the last, none
+    does (a spare started for no notebook cost a core seconds of start-up in every run)."""
+    from autograder import executor
+    from autograder.grade import Grader
+    from autograder.settings import GradingSettings
+
+    for student in ("ann", "bob"):
+        write_notebook(student_notebook(A, {}), tmp_path / "subs" / student / A / NB)
+    spares_after = []
+    grade_submission = Grader.grade_submission
+
+    def recorded(self, found, sid=None):
+        result = grade_submission(self, found, sid)
+        spares_after.append(len(executor._SPARE))
+        return result
+
+    monkeypatch.setattr(Grader, "grade_submission", recorded)
+    rows = Grader(ROOT / "solutions", tmp_path / "out", GradingSettings.from_env(profile="smoke")).grade_all(
+        tmp_path / "subs", show_progress=False)
+    assert [(r.student, r.score, r.status) for r in rows] == [("ann", 0, "graded"), ("bob", 0, "graded")]
+    assert spares_after == [1, 0]

@@ -130,12 +130,13 @@ def main() -> None:
     baseline = n / statistics.median(times[modes[0][0]]) * 60
     print(f"\n{n} notebooks (chapters 1-3: {args.copies} x 3 solutions + 3 wrong answers), "
           f"median of {args.repeats} run(s), {os.cpu_count()} CPU cores\n")
-    print(f"| {'how':<30} | {'median s':>8} | {'notebooks/min':>13} | {'vs nbgrader':>11} |")
-    print(f"| {'-' * 30} | {'-' * 8} | {'-' * 13} | {'-' * 11} |")
+    width = max(len(name) for name, _ in modes)
+    print(f"| {'how':<{width}} | {'median s':>8} | {'notebooks/min':>13} | {'vs nbgrader':>11} |")
+    print(f"| {'-' * width} | {'-' * 8} | {'-' * 13} | {'-' * 11} |")
     for name, _ in modes:
         seconds = statistics.median(times[name])
         rate = n / seconds * 60
-        print(f"| {name:<30} | {seconds:>8.1f} | {rate:>13.1f} | {rate / baseline:>10.2f}x |")
+        print(f"| {name:<{width}} | {seconds:>8.1f} | {rate:>13.1f} | {rate / baseline:>10.2f}x |")
 
 
 if __name__ == "__main__":

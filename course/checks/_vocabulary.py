@@ -29,6 +29,7 @@ Example, a check of ``double(x)``::
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import math
 import random
@@ -71,6 +72,33 @@ def earlier_chapter(name: str, chapter: int, exercise: int, check: Callable[[], 
     except CheckFailed as err:
         fail(f"{name} (chapter {chapter}, exercise {exercise}) fails its chapter's test: {err.what}",
              f"in {name}: {err.hint}")
+
+
+# Earlier chapters' answers pasted into a notebook, as the chapter that owns their checks lists
+# them: name -> (chapter, exercise, that chapter's check on the pasted answers (tools, hidden)).
+Pasted = dict[str, tuple[int, int, Callable[[dict, bool], None]]]
+
+
+def check_pasted(table: Pasted, tools: dict, hidden: bool) -> None:
+    """Each answer of ``tools`` held to its own chapter's check (:func:`earlier_chapter`)."""
+    for name in tools:
+        _check_one_pasted(table, name, tools, hidden)
+
+
+def _check_one_pasted(table: Pasted, name: str, tools: dict, hidden: bool) -> None:
+    chapter, exercise, check = table[name]
+    earlier_chapter(name, chapter, exercise, lambda: check(tools, hidden))
+
+
+def pasted_first(who: str, table: Pasted, tools: dict, hidden: bool) -> list:
+    """``earlier_first``'s pairs for the pasted answers that ``who`` calls (those given): a
+    failure that one of them also has is blamed on it."""
+    pairs = []
+    for name, (chapter, exercise, _) in table.items():
+        if tools.get(name) is not None:
+            pairs.append((f"{who} calls your {name} from chapter {chapter}, which fails that chapter's tests "
+                          f"(exercise {exercise})", functools.partial(_check_one_pasted, table, name, tools, hidden)))
+    return pairs
 
 
 # ----------------------------------------------------------------------------- draw

@@ -23,7 +23,7 @@ import torch.nn as nn
 from ..i18n import composed
 from ._core import (CheckFailed, call, earlier_answers, earlier_first, expect_tensor, judge_prediction, not_written,
                     own_fault)
-from ._vocabulary import TOLERANCE, Draw, compare, diagnose, draw, expect, fail, judge_configured, matches, when
+from ._vocabulary import TOLERANCE, Draw, Pasted, compare, diagnose, draw, expect, fail, judge_configured, matches, when
 
 F32, F64, F16, BF16 = torch.float32, torch.float64, torch.float16, torch.bfloat16
 
@@ -1128,3 +1128,7 @@ def _attention_variants(case: tuple, tensors: tuple, cache_ok: bool, new_k: torc
          "right to float32 accuracy only: for float64 inputs compute everything in float64 (the scores, the mask "
          "and the angles of your apply_rope)."),
     ]
+
+
+# ----------------------------------------------------------------------------- pasted into later chapters
+PASTED_ROPE: Pasted = {"apply_rope": (2, 5, lambda tools, hidden: check_apply_rope(tools["apply_rope"], hidden=hidden))}

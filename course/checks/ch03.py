@@ -22,7 +22,7 @@ from . import ch02
 from ._core import CheckFailed, call, earlier_answers, earlier_first, expect_tensor, forbid, judge_prediction
 from ._core import one_thread as _one_thread
 from ._recorders import LargestTensor as _LargestTensor
-from ._vocabulary import (call_on_copies, compare, diagnose, draw, earlier_chapter, expect, expect_tensor_of,
+from ._vocabulary import (Pasted, call_on_copies, compare, diagnose, draw, earlier_chapter, expect, expect_tensor_of,
                           expect_tuple, fail, judge_configured, matches, passes, when)
 
 # ----------------------------------------------------------------------------- helpers
@@ -1442,3 +1442,12 @@ def measure_attention_io(seq_len: int, head_dim: int, q_tile: int, k_tile: int, 
         width = torch.empty((), dtype=dtype).element_size() / q.element_size()
         moved.append(round((mem.read + mem.written) * width))
     return moved[0], moved[1]
+
+
+# ----------------------------------------------------------------------------- pasted into later chapters
+PASTED_ATTENTION: Pasted = {
+    "scaled_dot_product_attention": (3, 2, lambda tools, hidden: check_scaled_dot_product_attention(
+        tools["scaled_dot_product_attention"], hidden=hidden)),
+    "grouped_query_attention": (3, 5, lambda tools, hidden: check_grouped_query_attention(
+        tools["grouped_query_attention"], tools["scaled_dot_product_attention"], hidden=hidden)),
+}

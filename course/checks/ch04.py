@@ -23,7 +23,7 @@ from . import ch02, ch03
 from ._core import call, earlier_answers, earlier_first, expect_tensor, forbid, judge_prediction
 from ._core import meta_table, one_thread as _one_thread
 from ._vocabulary import call_on_copies, compare, draw, expect, expect_tensor_of, fail, judge_configured, matches
-from ._vocabulary import earlier_chapter, passes, when
+from ._vocabulary import check_pasted, passes, pasted_first, when
 from .ch03 import _rope_complex
 
 
@@ -499,35 +499,15 @@ def check_rms_norm(RMSNorm, hidden: bool = False, last_axis_only: bool = False) 
 # has is blamed on it first. Oracle: the block written with built-ins (F.rms_norm, F.scaled_dot_product_attention
 # with enable_gqa, F.silu) and chapter 3's complex RoPE.
 
-_BLOCK_TOOLS = {  # name -> (chapter, exercise, that chapter's check on the pasted tools)
-    "apply_rope": (2, 5, lambda t, h: ch02.check_apply_rope(t["apply_rope"], hidden=h)),
-    "scaled_dot_product_attention": (3, 2, lambda t, h: ch03.check_scaled_dot_product_attention(
-        t["scaled_dot_product_attention"], hidden=h)),
-    "grouped_query_attention": (3, 5, lambda t, h: ch03.check_grouped_query_attention(
-        t["grouped_query_attention"], t["scaled_dot_product_attention"], hidden=h)),
-}
-
-
-def _check_block_tool(name: str, tools: dict, hidden: bool) -> None:
-    chapter, exercise, run = _BLOCK_TOOLS[name]
-    earlier_chapter(name, chapter, exercise, lambda: run(tools, hidden))
+_BLOCK_TOOLS = {**ch02.PASTED_ROPE, **ch03.PASTED_ATTENTION}
 
 
 def check_block_tools(apply_rope, scaled_dot_product_attention, grouped_query_attention,
                       hidden: bool = False) -> None:
     """Chapter 2's own check (exercise 5) and chapter 3's (exercises 2 and 5) on the RoPE and the attention
     brought into this notebook."""
-    tools = {"apply_rope": apply_rope, "scaled_dot_product_attention": scaled_dot_product_attention,
-             "grouped_query_attention": grouped_query_attention}
-    for name in tools:
-        _check_block_tool(name, tools, hidden)
-
-
-def _pasted_tools(who: str, hidden: bool, **tools: Any) -> list:
-    """``earlier_first``'s pairs for the earlier chapters' answers pasted into this notebook, which ``who`` calls."""
-    return [(f"{who} calls your {name} from chapter {_BLOCK_TOOLS[name][0]}, which fails that chapter's tests "
-             f"(exercise {_BLOCK_TOOLS[name][1]})", functools.partial(_check_block_tool, name, tools, hidden))
-            for name in _BLOCK_TOOLS if tools.get(name) is not None]
+    check_pasted(_BLOCK_TOOLS, {"apply_rope": apply_rope, "scaled_dot_product_attention": scaled_dot_product_attention,
+                                "grouped_query_attention": grouped_query_attention}, hidden)
 
 
 def _attend(q, k, v, mask: str, scale: float, tile: bool) -> torch.Tensor:
@@ -670,9 +650,9 @@ def check_decoder_block(DecoderBlock, RMSNorm=None, SwiGLU=None, silu=None, appl
     """RMSNorm, SwiGLU and silu, when given, are the earlier answers the block uses; apply_rope (chapter 2),
     grouped_query_attention and scaled_dot_product_attention (chapter 3) those pasted above it."""
     d = draw("decoder_block", hidden)
-    pasted = _pasted_tools("DecoderBlock", hidden, apply_rope=apply_rope,
-                           scaled_dot_product_attention=scaled_dot_product_attention,
-                           grouped_query_attention=grouped_query_attention)
+    pasted = pasted_first("DecoderBlock", _BLOCK_TOOLS, {
+        "apply_rope": apply_rope, "scaled_dot_product_attention": scaled_dot_product_attention,
+        "grouped_query_attention": grouped_query_attention}, hidden)
     with earlier_first(*_calls("DecoderBlock", silu=silu, RMSNorm=RMSNorm, SwiGLU=SwiGLU), *pasted):
         for i, (width, H, H_kv, h, pre, T, dtype) in enumerate(_block_cases(d)):
             base = 10000.0 if i % 2 == 0 else 500.0

@@ -26,7 +26,8 @@ from ..i18n import composed
 from . import _core, ch03, ch04
 from ._core import CheckFailed, call, earlier_first, expect_tensor, one_thread as _one_thread
 from ._core import own_fault, unmeasured
-from ._vocabulary import call_on_copies, compare, diagnose, draw, earlier_chapter, expect, fail, matches, when
+from ._vocabulary import (call_on_copies, check_pasted, compare, diagnose, draw, earlier_chapter, expect, fail, matches,
+                          pasted_first, when)
 
 # A float32 answer against a float64 oracle: the rounding of a few float32 matmuls and a softmax.
 _F32 = (1e-4, 1e-4)
@@ -295,34 +296,17 @@ def _check_greedy(sample_next_token, d) -> None:
 # it calls is chapter 3's, pasted above it: chapter 3's own checks run on it first (``check_attention_tools``).
 
 _SDPA_BUILTINS = ((F, "scaled_dot_product_attention"), (F, "multi_head_attention_forward"))   # the oracle's
-_ATTENTION_TOOLS = {  # name -> (exercise of chapter 3, its chapter's check on the tools)
-    "scaled_dot_product_attention": (2, lambda t, h: ch03.check_scaled_dot_product_attention(
-        t["scaled_dot_product_attention"], hidden=h)),
-    "grouped_query_attention": (5, lambda t, h: ch03.check_grouped_query_attention(
-        t["grouped_query_attention"], t["scaled_dot_product_attention"], hidden=h)),
-}
-
-
-def _check_attention_tool(name: str, tools: dict, hidden: bool) -> None:
-    exercise, run = _ATTENTION_TOOLS[name]
-    earlier_chapter(name, 3, exercise, lambda: run(tools, hidden))
 
 
 def check_attention_tools(scaled_dot_product_attention, grouped_query_attention, hidden: bool = False) -> None:
     """Chapter 3's own checks (exercises 2 and 5) on the attention brought into this notebook."""
-    tools = {"scaled_dot_product_attention": scaled_dot_product_attention,
-             "grouped_query_attention": grouped_query_attention}
-    for name in tools:
-        _check_attention_tool(name, tools, hidden)
+    check_pasted(ch03.PASTED_ATTENTION, _attention_tools(grouped_query_attention, scaled_dot_product_attention),
+                 hidden)
 
 
-def _pasted_attention(who: str, grouped_query_attention, scaled_dot_product_attention, hidden: bool) -> list:
-    """``earlier_first``'s pairs for chapter 3's attention pasted into this notebook, which ``who`` calls."""
-    tools = {"scaled_dot_product_attention": scaled_dot_product_attention,
-             "grouped_query_attention": grouped_query_attention}
-    return [(f"{who} calls your {name} from chapter 3, which fails that chapter's tests (exercise "
-             f"{_ATTENTION_TOOLS[name][0]})", functools.partial(_check_attention_tool, name, tools, hidden))
-            for name in tools if tools[name] is not None]
+def _attention_tools(grouped_query_attention, scaled_dot_product_attention) -> dict:
+    return {"scaled_dot_product_attention": scaled_dot_product_attention,
+            "grouped_query_attention": grouped_query_attention}
 
 
 def _attend_row(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allowed: torch.Tensor, tile: bool = False):
@@ -486,8 +470,8 @@ def check_rolling_cache(RollingKVCache, grouped_query_attention=None, scaled_dot
     step the ring's shape (bounded by the window), its count of tokens and the keys and values it holds. A failure
     that chapter 3's attention pasted here also has is blamed on it."""
     d = draw("rolling_cache", hidden)
-    with earlier_first(*_pasted_attention("RollingKVCache.step", grouped_query_attention,
-                                          scaled_dot_product_attention, hidden)):
+    with earlier_first(*pasted_first("RollingKVCache.step", ch03.PASTED_ATTENTION,
+                                     _attention_tools(grouped_query_attention, scaled_dot_product_attention), hidden)):
         for q, k, v, window, chunks, base, label in _rolling_cases(d):
             B, n_kv, d_head = k.shape[0], k.shape[1], k.shape[3]
             cache = call(RollingKVCache, B, n_kv, window, d_head, dtype=q.dtype, rope_base=base, name=label)
@@ -1986,8 +1970,8 @@ def check_paged_attention(paged_attention, grouped_query_attention=None, scaled_
     """Attention read through block tables against each sequence's keys in a row of their own; a failure that
     chapter 3's attention pasted here also has is blamed on it."""
     d = draw("paged_attention", hidden)
-    with earlier_first(*_pasted_attention("paged_attention", grouped_query_attention, scaled_dot_product_attention,
-                                          hidden)):
+    with earlier_first(*pasted_first("paged_attention", ch03.PASTED_ATTENTION,
+                                     _attention_tools(grouped_query_attention, scaled_dot_product_attention), hidden)):
         for q, k_pool, v_pool, tables, lengths, label in _paged_cases(d):
             with _core.forbid(*_SDPA_BUILTINS, exercise="attention through a block table"):
                 got = call_on_copies(paged_attention, q, k_pool, v_pool, tables, lengths, name="paged_attention")

@@ -94,7 +94,9 @@ def pytest_collection_modifyitems(session, config, items):
 def pytest_sessionfinish(session, exitstatus):
     if _BOOK_BUILD is not None:
         _BOOK_BUILD.close()
-    if _controls_workers(session.config) and os.environ.get("COURSE_BOOK_SHARED"):
+    from book_build import SHARED_ENV
+
+    if _controls_workers(session.config) and os.environ.get(SHARED_ENV):
         import shutil
 
-        shutil.rmtree(os.environ["COURSE_BOOK_SHARED"], ignore_errors=True)
+        shutil.rmtree(os.environ[SHARED_ENV], ignore_errors=True)

@@ -30,7 +30,7 @@ from nbclient.exceptions import DeadKernelError
 from nbformat.notebooknode import NotebookNode, from_dict
 from nbgrader.preprocessors import Execute
 from traitlets import Any as AnyTrait
-from traitlets import Bool, Dict, Integer, Unicode
+from traitlets import Bool, Dict, Enum, Integer, Unicode
 
 from course import kernel_messages
 from course.i18n import ENGLISH, known_language
@@ -196,6 +196,10 @@ class CourseExecute(Execute):
     raise_on_iopub_timeout = Bool(False).tag(config=True)
     warm_kernels = Bool(True, help="start the next notebook's sandboxed kernel while this one is graded"
                         ).tag(config=True)
+    # A graded notebook's kernel is killed once its last cell has run, not asked to exit: its
+    # outputs are all in by then, its sandbox is removed next, and an interpreter that has
+    # loaded PyTorch spends about 0.4 s of CPU tearing itself down (benchmarks/grading.py).
+    shutdown_kernel = Enum(["graceful", "immediate"], default_value="immediate").tag(config=True)
 
     def __init__(self, *args, **kwargs):
         kwargs.setdefault("kernel_manager_class", SandboxedKernelManager)

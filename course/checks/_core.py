@@ -212,10 +212,19 @@ def call(fn: Callable, *args: Any, name: str | None = None, **kwargs: Any) -> An
         raise
     except Exception as err:
         label = name or getattr(fn, "__name__", "your code")
+        hint = next((hint for words, hint in KNOWN_ERRORS if words in str(err)), TRACEBACK_HINT)
         raise CheckFailed(f"{label} raised {type(err).__name__}: {err}\n"
                           f"It was called with {describe_inputs(args, kwargs)}.\n"
-                          f"Likely mistake: read the traceback above this message; "
-                          f"the inputs were valid for the signature in the exercise.") from err
+                          f"Likely mistake: {hint}") from err
+
+
+TRACEBACK_HINT = "read the traceback above this message; the inputs were valid for the signature in the exercise."
+# PyTorch's own words for an error whose cause they name -> the hint for it.
+KNOWN_ERRORS = (
+    ("view size is not compatible",
+     "a .view() of a transposed or permuted tensor: its elements are no longer in row order; "
+     "use .reshape(), or .contiguous() before .view()."),
+)
 
 
 def describe(value: Any) -> str:

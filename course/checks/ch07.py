@@ -362,7 +362,7 @@ def _check_model_dropout(build, builder: str, cfg, args: tuple, runs: dict, who:
         model = call(build, dataclasses.replace(cfg, dropout=0.5), *args, name=builder).train()
     for what, run in runs.items():
         with torch.no_grad():
-            first, second = run(model), run(model)
+            first, second = call(run, model, name=who), call(run, model, name=who)
         # not own_fault: a Block that never drops out is exercise 1's fault, and earlier_first names it
         expect(not matches(second, first, EXACT), f"{who} built with cfg.dropout=0.5 gave the same {what} twice "
                "for one input in training mode: nothing in it dropped out.",

@@ -138,6 +138,11 @@ MISTAKES = [
             "nn.Linear(d_model, 4 * d_model), nn.GELU(), nn.Linear(4 * d_model, d_model)",
             "nn.Linear(d_model, 2 * d_model), nn.GELU(), nn.Linear(2 * d_model, d_model)",
             ("ex1_visible", "ex1_hidden", "ex4_visible", "ex6_visible"), "the MLP is Linear(d_model, 4 * d_model)"),
+    # .view on the transposed heads: fine while PyTorch's fused attention returns them in row order,
+    # an error once dropout is on (training mode): the checks' dropout runs raise it
+    Mistake("block_view_after_transpose", "ex1_answer", "return out.transpose(1, 2).reshape(B, Tq, C)",
+            "return out.transpose(1, 2).view(B, Tq, C)", ("ex1_visible", "ex1_hidden", "ex4_visible", "ex6_visible"),
+            "a .view() of a transposed or permuted tensor"),
     Mistake("block_no_output_projection", "ex1_answer", "self.proj = nn.Linear(d_model, d_model)",
             "self.proj = nn.Identity()", ("ex1_visible", "ex1_hidden"), "ends with an output projection"),
     Mistake("block_one_layernorm_twice", "ex1_answer", "return x + self.mlp(self.ln_2(x))",

@@ -53,6 +53,8 @@ try:
 except BaseException as error:
     found["data and device"] = f"{type(error).__name__}: {error}"
 print("PREFLIGHT " + json.dumps(found), flush=True)
+import os
+os._exit(0)     # all is said: skip tearing down an interpreter that loaded PyTorch (~0.4 s of CPU)
 """
 
 

@@ -198,7 +198,7 @@ class CourseExecute(Execute):
                         ).tag(config=True)
     # A graded notebook's kernel is killed once its last cell has run, not asked to exit: its
     # outputs are all in by then, its sandbox is removed next, and an interpreter that has
-    # loaded PyTorch spends about 0.4 s of CPU tearing itself down (benchmarks/grading.py).
+    # loaded PyTorch spends about half a second of CPU tearing itself down (benchmarks/process_costs.py).
     shutdown_kernel = Enum(["graceful", "immediate"], default_value="immediate").tag(config=True)
 
     def __init__(self, *args, **kwargs):

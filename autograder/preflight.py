@@ -54,7 +54,7 @@ except BaseException as error:
     found["data and device"] = f"{type(error).__name__}: {error}"
 print("PREFLIGHT " + json.dumps(found), flush=True)
 import os
-os._exit(0)     # all is said: skip tearing down an interpreter that loaded PyTorch (~0.4 s of CPU)
+os._exit(0)     # all is said: skip tearing down an interpreter that loaded PyTorch (benchmarks/process_costs.py)
 """
 
 

@@ -127,8 +127,9 @@ def start_pool(grader, workers: int, count: int) -> ProcessPoolExecutor:
     set up while the main process generates the course tree."""
     context = multiprocessing.get_context("forkserver")
     # The server imports PyTorch, nbgrader and the grader once; each worker is a fork of it,
-    # not a fresh interpreter that imports them again (~3.5 s of CPU a worker), and it ends
-    # without tearing the interpreter down. No-op once the server runs.
+    # not a fresh interpreter that imports them again, and it ends without tearing the
+    # interpreter down (~2.7 + 0.8 s of CPU a worker: benchmarks/process_costs.py). No-op
+    # once the server runs.
     context.set_forkserver_preload(["autograder.grade"])
     numbers = context.Queue()
     for number in range(workers):

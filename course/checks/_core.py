@@ -212,10 +212,17 @@ def call(fn: Callable, *args: Any, name: str | None = None, **kwargs: Any) -> An
         raise
     except Exception as err:
         label = name or getattr(fn, "__name__", "your code")
-        hint = next((hint for words, hint in KNOWN_ERRORS if words in str(err)), TRACEBACK_HINT)
+        hint = error_hint(err)
         raise CheckFailed(f"{label} raised {type(err).__name__}: {err}\n"
                           f"It was called with {describe_inputs(args, kwargs)}.\n"
                           f"Likely mistake: {hint}") from err
+
+
+def error_hint(err: BaseException) -> str:
+    """The hint for an error the student's code raised: the known cause its words name, or
+    the traceback."""
+    message = str(err)
+    return next((hint for words, hint in KNOWN_ERRORS if words in message), TRACEBACK_HINT)
 
 
 TRACEBACK_HINT = "read the traceback above this message; the inputs were valid for the signature in the exercise."

@@ -21,8 +21,8 @@ import torch
 import torch.nn as nn
 
 from ..i18n import composed
-from ._core import (CheckFailed, call, earlier_answers, earlier_first, expect_tensor, judge_prediction, not_written,
-                    own_fault)
+from ._core import (CheckFailed, call, earlier_answers, earlier_first, error_hint, expect_tensor, judge_prediction,
+                    not_written, own_fault)
 from ._vocabulary import TOLERANCE, Draw, Pasted, compare, diagnose, draw, expect, fail, judge_configured, matches, when
 
 F32, F64, F16, BF16 = torch.float32, torch.float64, torch.float16, torch.bfloat16
@@ -76,8 +76,7 @@ def _call_explained(fn: Callable, *args: Any, name: str, explain: Callable[[Base
     except CheckFailed:
         raise
     except Exception as err:
-        raise CheckFailed.of(f"{name} raised {type(err).__name__}: {err}", explain(err) or (
-            "read the traceback above this message; the inputs were valid for the signature in the exercise.")) from err
+        raise CheckFailed.of(f"{name} raised {type(err).__name__}: {err}", explain(err) or error_hint(err)) from err
 
 
 def _float32_only(want64: torch.Tensor, dtype: torch.dtype, hint: str,

@@ -14,6 +14,7 @@ from docutils import nodes
 from sphinx import addnodes
 from sphinx.application import Sphinx
 from sphinx.locale import init as init_locale
+from sphinx.search.zh import SearchChinese
 from sphinx.transforms import SphinxTransform
 from sphinx.util.i18n import docname_to_domain
 
@@ -72,7 +73,26 @@ class TranslatedPartCaptions(SphinxTransform):
                 toctree["caption"] = catalog.gettext(toctree["caption"])
 
 
+class _Words(set):
+    """A set that takes words as a list does (``extend``)."""
+
+    def extend(self, words) -> None:
+        self.update(words)
+
+
+class ChineseSearch(SearchChinese):
+    """Sphinx's Chinese search index, its Latin words kept in a set. Sphinx 7 keeps every Latin
+    word of the whole book in one list (a class attribute) and looks each word it stems up in
+    that list: the Chinese build spent a third of its time there (py-spy, 2026-12-05: 700 of
+    2,174 samples in ``SearchChinese.stem``). The index it writes is the same."""
+
+    def init(self, options: dict) -> None:
+        super().init(options)
+        self.latin_terms = _Words()
+
+
 def setup(app: Sphinx) -> dict:
+    app.add_search_language(ChineseSearch)
     app.add_transform(SharedFormulas)
     app.add_transform(TranslatedPartCaptions)
     app.add_css_file("language.css")

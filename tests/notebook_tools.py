@@ -6,6 +6,7 @@ solution (markers removed), optionally with one answer mutated into a common mis
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,10 +23,16 @@ def grade_id(cell) -> str | None:
 
 
 def solution_answers(assignment: str) -> dict[str, str]:
-    """grade_id -> answer code (markers stripped) for every answer cell of the solution."""
+    """grade_id -> answer code (markers stripped) for every answer cell of the solution (a new
+    dict each time: callers change theirs)."""
+    return dict(_solution_answers(assignment))
+
+
+@functools.lru_cache(maxsize=None)
+def _solution_answers(assignment: str) -> tuple[tuple[str, str], ...]:
     nb = nbformat.read(ROOT / "solutions" / assignment / f"{assignment}.ipynb", as_version=4)
-    return {grade_id(c): strip_markers(c.source) for c in nb.cells
-            if c.get("metadata", {}).get("nbgrader", {}).get("solution")}
+    return tuple((grade_id(c), strip_markers(c.source)) for c in nb.cells
+                 if c.get("metadata", {}).get("nbgrader", {}).get("solution"))
 
 
 def release_notebook(assignment: str):

@@ -5,6 +5,8 @@ NotImplementedError only."""
 
 from __future__ import annotations
 
+import functools
+
 import nbformat
 import pytest
 
@@ -14,9 +16,14 @@ from notebook_tools import ROOT, grade_id, solution_answers
 ALL_MISTAKES = all_mistakes()
 
 
+@functools.cache
+def _solution(assignment: str):
+    """The solution notebook, read once per test process (each test only reads it)."""
+    return nbformat.read(ROOT / "solutions" / assignment / f"{assignment}.ipynb", as_version=4)
+
+
 def _code_cells(assignment: str):
-    nb = nbformat.read(ROOT / "solutions" / assignment / f"{assignment}.ipynb", as_version=4)
-    return [c for c in nb.cells if c.cell_type == "code"]
+    return [c for c in _solution(assignment).cells if c.cell_type == "code"]
 
 
 def _timed(cell) -> bool:
@@ -39,8 +46,7 @@ def run_tests(assignment: str, answers: dict[str, str], with_timed: bool = False
     from autograder.contract import setup_imports
     from autograder.remote import local_channel, run_judged
 
-    nb = nbformat.read(ROOT / "solutions" / assignment / f"{assignment}.ipynb", as_version=4)
-    imports = setup_imports(nb)
+    imports = setup_imports(_solution(assignment))
     namespace: dict = {"__name__": "__main__"}
     results = {}
     with tempfile.TemporaryDirectory(prefix="judge-io-") as io_dir:
@@ -102,6 +108,7 @@ def test_mistake_fails_with_its_hint(assignment, mistake):
 CHINESE = "zh_CN"
 
 
+@functools.cache
 def _messages_translated(assignment: str) -> bool:
     """Whether the chapter's messages catalog is translated (then it is whole: test_locales)."""
     from autograder.translation import catalog_translations

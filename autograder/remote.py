@@ -11,7 +11,8 @@ sends its gradient to the kernel, so a check's ``out.sum().backward()`` then
 kernel; the check helpers, their oracles and their verdicts never leave this process.
 
 Requests are pickled (``cloudpickle``: the check's lambdas travel by value); replies are
-read with ``torch.load(weights_only=True)``, so a reply can hold nothing but data.
+JSON or read with ``torch.load(weights_only=True)`` (:func:`read_reply`), so a reply can
+hold nothing but data.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import contextlib
 import importlib
 import io
 import itertools
+import json
 import os
 import time
 from pathlib import Path
@@ -202,7 +204,9 @@ class Channel:
                         ours.data = value.to(ours.dtype)
 
     def _absorb(self, reply: dict, contexts: list) -> None:
-        states = reply.get("contexts") or {}
+        pairs = reply.get("contexts")
+        states = {p[0]: p[1] for p in pairs if isinstance(p, list) and len(p) == 2 and type(p[0]) is int} \
+            if isinstance(pairs, list) else {}
         for number, _, _, _, owner in contexts:
             if owner is not None and number in states and hasattr(owner, "absorb"):
                 owner.absorb(states[number])
@@ -326,10 +330,9 @@ _MODULES_SEEN: list[tuple] = [()]
 
 
 def read_reply(path: Path) -> dict:
-    """A reply file, read with ``torch.load(weights_only=True)`` once its sizes are known to
-    be within bounds: the decoder has no limit of its own on time or memory."""
-    import zipfile
-
+    """A reply file: JSON (:func:`course.probe.write_reply`), or else read with
+    ``torch.load(weights_only=True)``, once its sizes are known to be within bounds: neither
+    decoder has a limit of its own on time or memory."""
     try:
         size = path.stat().st_size
         if size > MAX_REPLY_BYTES:
@@ -338,6 +341,26 @@ def read_reply(path: Path) -> dict:
         data = path.read_bytes()
     finally:
         path.unlink(missing_ok=True)
+    reply = _json_reply(data) if data.startswith(probe.JSON_REPLY) else _saved_reply(data)
+    if not isinstance(reply, dict):
+        raise StudentCodeError("the kernel's reply was not in the format the grader reads")
+    return reply
+
+
+def _json_reply(data: bytes) -> Any:
+    text = memoryview(data)[len(probe.JSON_REPLY):]
+    if len(text) > MAX_PICKLE_BYTES:
+        raise StudentCodeError(f"the student's code returned a value whose description takes {len(text):,} bytes, "
+                               f"more than a test reads ({MAX_PICKLE_BYTES:,})")
+    try:
+        return json.loads(bytes(text).decode("utf-8"))
+    except (ValueError, RecursionError):     # not JSON, or nested past the parser's depth
+        raise StudentCodeError("the kernel's reply was not in the format the grader reads") from None
+
+
+def _saved_reply(data: bytes) -> Any:
+    import zipfile
+
     try:
         with zipfile.ZipFile(io.BytesIO(data)) as archive:
             entries = archive.infolist()
@@ -347,10 +370,7 @@ def read_reply(path: Path) -> dict:
     if pickled > MAX_PICKLE_BYTES or sum(e.file_size for e in entries) > MAX_REPLY_BYTES:
         raise StudentCodeError(f"the student's code returned a value whose description takes {pickled:,} bytes, "
                                f"more than a test reads ({MAX_PICKLE_BYTES:,})")
-    reply = torch.load(io.BytesIO(data), weights_only=True)
-    if not isinstance(reply, dict):
-        raise StudentCodeError("the kernel's reply was not in the format the grader reads")
-    return reply
+    return torch.load(io.BytesIO(data), weights_only=True)
 
 
 class _MirrorToken:
@@ -592,7 +612,7 @@ class TrustedNamespace(dict):
 def local_channel(namespace: dict, io_dir: Path, timeout: float = 600) -> Channel:
     """A channel to a kernel-less probe in this process, with ``namespace`` as the student's
     names: each request and reply is written and read as over the socket (pickled request
-    file, ``torch.load(weights_only=True)`` reply), so a check run through it behaves as it
+    file, JSON or ``torch.load(weights_only=True)`` reply), so a check run through it behaves as it
     does under ``grade``: a copy of each argument, values back, the kernel's RNG its own."""
 
     def serve(request_path: Path, reply_path: Path, remaining: float) -> str | None:

@@ -175,6 +175,33 @@ def test_an_oversized_or_malformed_reply_is_refused_before_it_is_decoded(tmp_pat
     assert remote.read_reply(reply) == {"value": 3}
 
 
+def test_a_reply_is_json_exactly_when_json_gives_its_values_back(tmp_path):
+    from course import probe
+
+    reply = tmp_path / "reply"
+    plain = {"value": {"__dict__": [["a", 1], [2, {"__list__": [1.5, True, None, "x"]}]]}, "contexts": [[3, {"used": ""}]]}
+    for value, as_json in ((plain, True), ({"value": (1, 2)}, False), ({"value": {1: 2}}, False),
+                           ({"value": float("nan")}, False), ({"value": torch.arange(3)}, False)):
+        probe.write_reply(value, str(reply))
+        assert reply.read_bytes().startswith(probe.JSON_REPLY) == as_json, value
+        got = remote.read_reply(reply)
+        assert repr(got) == repr(value), (got, value)      # the same types: a tuple stays a tuple
+
+
+def test_an_oversized_malformed_or_too_deep_json_reply_is_refused(tmp_path, monkeypatch):
+    from course import probe
+
+    reply = tmp_path / "reply"
+    reply.write_bytes(probe.JSON_REPLY + b'{"value": [' + b"1," * (3 << 20) + b"1]}")
+    with pytest.raises(StudentCodeError, match="description takes"):
+        remote.read_reply(reply)
+    assert not reply.exists()
+    for text in (b'{"value": [1, 2', b"\xff\xfe", b"[" * 200_000 + b"]" * 200_000, b"[1, 2]"):
+        reply.write_bytes(probe.JSON_REPLY + text)
+        with pytest.raises(StudentCodeError, match="format"):
+            remote.read_reply(reply)
+
+
 def test_a_failure_quotes_at_most_its_limit():
     from course.checks._core import QUOTE_LIMIT, CheckFailed, fail
 

@@ -349,8 +349,9 @@ def read_reply(path: Path) -> dict:
 
 def _json_reply(data: bytes) -> Any:
     text = memoryview(data)[len(probe.JSON_REPLY):]
-    if len(text) > MAX_PICKLE_BYTES:
-        raise StudentCodeError(f"the student's code returned a value whose description takes {len(text):,} bytes, "
+    pickled = len(text)      # the description's bytes, as for a torch.save reply (one message)
+    if pickled > MAX_PICKLE_BYTES:
+        raise StudentCodeError(f"the student's code returned a value whose description takes {pickled:,} bytes, "
                                f"more than a test reads ({MAX_PICKLE_BYTES:,})")
     try:
         return json.loads(bytes(text).decode("utf-8"))

@@ -343,20 +343,17 @@ def read_reply(path: Path) -> dict:
         path.unlink(missing_ok=True)
     reply = _json_reply(data) if data.startswith(probe.JSON_REPLY) else _saved_reply(data)
     if not isinstance(reply, dict):
-        raise StudentCodeError("the kernel's reply was not in the format the grader reads")
+        raise _not_the_format()
     return reply
 
 
 def _json_reply(data: bytes) -> Any:
     text = memoryview(data)[len(probe.JSON_REPLY):]
-    pickled = len(text)      # the description's bytes, as for a torch.save reply (one message)
-    if pickled > MAX_PICKLE_BYTES:
-        raise StudentCodeError(f"the student's code returned a value whose description takes {pickled:,} bytes, "
-                               f"more than a test reads ({MAX_PICKLE_BYTES:,})")
+    _bound_description(len(text))
     try:
         return json.loads(bytes(text).decode("utf-8"))
     except (ValueError, RecursionError):     # not JSON, or nested past the parser's depth
-        raise StudentCodeError("the kernel's reply was not in the format the grader reads") from None
+        raise _not_the_format() from None
 
 
 def _saved_reply(data: bytes) -> Any:
@@ -366,12 +363,22 @@ def _saved_reply(data: bytes) -> Any:
         with zipfile.ZipFile(io.BytesIO(data)) as archive:
             entries = archive.infolist()
     except zipfile.BadZipFile:
-        raise StudentCodeError("the kernel's reply was not in the format the grader reads") from None
-    pickled = sum(e.file_size for e in entries if e.filename.endswith(".pkl"))
-    if pickled > MAX_PICKLE_BYTES or sum(e.file_size for e in entries) > MAX_REPLY_BYTES:
+        raise _not_the_format() from None
+    _bound_description(sum(e.file_size for e in entries if e.filename.endswith(".pkl")),
+                       sum(e.file_size for e in entries))
+    return torch.load(io.BytesIO(data), weights_only=True)
+
+
+def _bound_description(pickled: int, unpacked: int = 0) -> None:
+    """Refuse a reply whose description (the pickle or the JSON text, not tensor data) or
+    unpacked size is over what a test reads."""
+    if pickled > MAX_PICKLE_BYTES or unpacked > MAX_REPLY_BYTES:
         raise StudentCodeError(f"the student's code returned a value whose description takes {pickled:,} bytes, "
                                f"more than a test reads ({MAX_PICKLE_BYTES:,})")
-    return torch.load(io.BytesIO(data), weights_only=True)
+
+
+def _not_the_format() -> StudentCodeError:
+    return StudentCodeError("the kernel's reply was not in the format the grader reads")
 
 
 class _MirrorToken:

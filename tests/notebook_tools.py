@@ -22,17 +22,17 @@ def grade_id(cell) -> str | None:
     return cell.get("metadata", {}).get("nbgrader", {}).get("grade_id")
 
 
+@functools.cache
+def solution_notebook(assignment: str):
+    """The solution notebook, read once per test process: callers only read it (copy it to change it)."""
+    return nbformat.read(ROOT / "solutions" / assignment / f"{assignment}.ipynb", as_version=4)
+
+
 def solution_answers(assignment: str) -> dict[str, str]:
     """grade_id -> answer code (markers stripped) for every answer cell of the solution (a new
     dict each time: callers change theirs)."""
-    return dict(_solution_answers(assignment))
-
-
-@functools.lru_cache(maxsize=None)
-def _solution_answers(assignment: str) -> tuple[tuple[str, str], ...]:
-    nb = nbformat.read(ROOT / "solutions" / assignment / f"{assignment}.ipynb", as_version=4)
-    return tuple((grade_id(c), strip_markers(c.source)) for c in nb.cells
-                 if c.get("metadata", {}).get("nbgrader", {}).get("solution"))
+    return {grade_id(c): strip_markers(c.source) for c in solution_notebook(assignment).cells
+            if c.get("metadata", {}).get("nbgrader", {}).get("solution")}
 
 
 def release_notebook(assignment: str):

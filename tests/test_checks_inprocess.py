@@ -11,19 +11,13 @@ import nbformat
 import pytest
 
 from mistakes import all_mistakes, assignments
-from notebook_tools import ROOT, grade_id, solution_answers
+from notebook_tools import ROOT, grade_id, solution_answers, solution_notebook
 
 ALL_MISTAKES = all_mistakes()
 
 
-@functools.cache
-def _solution(assignment: str):
-    """The solution notebook, read once per test process (each test only reads it)."""
-    return nbformat.read(ROOT / "solutions" / assignment / f"{assignment}.ipynb", as_version=4)
-
-
 def _code_cells(assignment: str):
-    return [c for c in _solution(assignment).cells if c.cell_type == "code"]
+    return [c for c in solution_notebook(assignment).cells if c.cell_type == "code"]
 
 
 def _timed(cell) -> bool:
@@ -46,7 +40,7 @@ def run_tests(assignment: str, answers: dict[str, str], with_timed: bool = False
     from autograder.contract import setup_imports
     from autograder.remote import local_channel, run_judged
 
-    imports = setup_imports(_solution(assignment))
+    imports = setup_imports(solution_notebook(assignment))
     namespace: dict = {"__name__": "__main__"}
     results = {}
     with tempfile.TemporaryDirectory(prefix="judge-io-") as io_dir:

@@ -20,6 +20,7 @@ import ast
 import atexit
 import os
 import signal
+import sys
 import time
 from pathlib import Path
 import zmq
@@ -35,7 +36,8 @@ from traitlets import Bool, Dict, Enum, Integer, Unicode
 from course import kernel_messages
 from course.i18n import ENGLISH, known_language
 
-from . import contract
+from . import contract, zygote
+from .sandbox import SANDBOX_WORK
 from .contract import KERNEL_DIED, NOT_RUN, TIMED_OUT, Role  # noqa: F401 - the crash kinds, named in contract
 
 
@@ -46,28 +48,15 @@ def error_output(ename: str, evalue: str, traceback_text: str | None = None) -> 
 
 def kernel_processes(root_pid: int) -> list[int]:
     """Host PIDs of the ipykernel processes below ``root_pid`` (bubblewrap's process)."""
-    children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat", "rb") as f:
-                    ppid = int(f.read().rsplit(b")", 1)[1].split()[1])
-            except (OSError, ValueError, IndexError):
-                continue
-            children.setdefault(ppid, []).append(int(entry))
-    found, todo = [], [root_pid]
-    while todo:
-        pid = todo.pop()
-        for child in children.get(pid, []):
-            todo.append(child)
-            try:
-                with open(f"/proc/{child}/cmdline", "rb") as f:
-                    argv = f.read().split(b"\0")
-                # python -m ipykernel_launcher: not the wrappers whose arguments name it
-                if argv[1:3] == [b"-m", b"ipykernel_launcher"]:
-                    found.append(child)
-            except OSError:
-                pass
+    found = []
+    for pid in zygote.descendants(root_pid):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                argv = f.read().split(b"\0")
+        except OSError:
+            continue
+        if argv[1:3] == [b"-m", b"ipykernel_launcher"]:     # not the wrappers whose arguments name it
+            found.append(pid)
     return found
 
 
@@ -88,9 +77,12 @@ class SandboxedKernelManager(AsyncKernelManager):
     Unix sockets in the sandbox's socket folder (its network namespace is empty)."""
 
     sandbox = AnyTrait(None, allow_none=True)
+    forked_pid = None       # a kernel forked by the zygote: its host PID (None: started cold)
+    _forked_namespace = None
+    _own_cmd: list[str] = []
 
     def format_kernel_cmd(self, extra_arguments=None):
-        cmd = super().format_kernel_cmd(extra_arguments)
+        cmd = self._own_cmd = super().format_kernel_cmd(extra_arguments)
         return self.sandbox.prefix() + cmd if self.sandbox is not None else cmd
 
     # The kernel is hostile: a message over MAX_MESSAGE_BYTES (output, a reply) drops its
@@ -117,13 +109,49 @@ class SandboxedKernelManager(AsyncKernelManager):
             log = open(self.sandbox.root / "kernel.log", "ab")   # closed with the sandbox folder
             kw.setdefault("stdout", log)
             kw.setdefault("stderr", log)
+            own = self._own_cmd
+            # Not with a GPU: a CUDA runtime touched before a fork is not usable after it.
+            if zygote.usable() and not self.sandbox.gpu and not zygote.failed_before(self.sandbox.environment()) \
+                    and own[:3] == [sys.executable, "-m", "ipykernel_launcher"]:
+                try:
+                    return await self._fork_kernel(own[3:], **kw)
+                except zygote.ZygoteUnavailable as err:
+                    self.log.warning("starting the kernel cold: %s", err)
+                    zygote.forget(self.sandbox.environment())
         return await super()._async_launch_kernel(kernel_cmd, **kw)
+
+    async def _fork_kernel(self, argv: list[str], **kw) -> None:
+        """The sandbox made as for a cold kernel, with the holder as its command, and the
+        kernel forked into it by this process's zygote (:mod:`autograder.zygote`)."""
+        box = self.sandbox
+        limits = box.rlimits()
+        limits["RLIMIT_NPROC"] += 1        # the holder runs under the kernel's id too
+        await super()._async_launch_kernel(box.prefix() + zygote.holder_command(), **kw)
+        try:
+            holder = zygote.find_holder(self.provisioner.process.pid)
+            self.forked_pid = zygote.zygote_for(box.environment()).spawn({
+                "holder": holder, "argv": argv, "uid": box.uid, "cwd": SANDBOX_WORK, "limits": limits,
+                "log": str(box.root / "kernel.log"),
+                "seccomp": str(box.root / "seccomp.bpf") if (box.root / "seccomp.bpf").exists() else ""})
+            self._forked_namespace = zygote.pid_namespace(holder)
+        except BaseException:
+            self.provisioner.process.kill()
+            self.provisioner.process.wait()
+            raise
+
+    def _kernel_pids(self) -> list[int]:
+        """Host PIDs of this manager's kernel: below bubblewrap, or forked into its sandbox
+        (and still there: a PID is signalled only while it is in the sandbox's namespace)."""
+        if self.forked_pid is None:
+            return kernel_processes(self.provisioner.process.pid)
+        inside = self._forked_namespace is not None and zygote.pid_namespace(self.forked_pid) == self._forked_namespace
+        return [self.forked_pid] if inside else []
 
     async def _async_interrupt_kernel(self) -> None:
         # The process we started is bubblewrap; the kernel runs further down, in its own PID
         # namespace. From outside, it still has a PID of ours: signal that process.
         if self.sandbox is not None and self.has_kernel:
-            for pid in kernel_processes(self.provisioner.process.pid):
+            for pid in self._kernel_pids():
                 try:
                     os.kill(pid, signal.SIGINT)
                 except OSError:

@@ -236,8 +236,8 @@ class Sandbox:
         if not bwrap:
             raise SandboxUnavailable(explain_unavailable())
         lim, program = self.limits, self.root / "seccomp.bpf"
-        cmd = [shutil.which("prlimit") or "prlimit", f"--data={lim.memory_bytes}", f"--nproc={_process_allowance(lim.processes)}",
-               f"--fsize={lim.file_bytes}", f"--nofile={lim.open_files}", "--core=0", "--"]
+        cmd = [shutil.which("prlimit") or "prlimit",
+               *(f"--{name.removeprefix('RLIMIT_').lower()}={value}" for name, value in self.rlimits().items()), "--"]
         if program.exists():   # bubblewrap reads the program from a descriptor: open it as 3
             cmd = ["/bin/sh", "-c", 'exec "$@" 3<"$0"', str(program), *cmd]
         cmd += [bwrap, *_namespaces(), "--die-with-parent", "--new-session", "--clearenv",
@@ -255,6 +255,12 @@ class Sandbox:
         # Its own process group: ipykernel interrupts a running cell by signalling its group
         # (the sandbox's first process belongs to root, out of the kernel's reach).
         return cmd + ["--", *_setup_step(self.uid, lim), shutil.which("setsid") or "/usr/bin/setsid"]
+
+    def rlimits(self) -> dict[str, int]:
+        """The kernel's resource limits (``prlimit`` sets them on the cold path)."""
+        lim = self.limits
+        return {"RLIMIT_DATA": lim.memory_bytes, "RLIMIT_NPROC": _process_allowance(lim.processes),
+                "RLIMIT_FSIZE": lim.file_bytes, "RLIMIT_NOFILE": lim.open_files, "RLIMIT_CORE": 0}
 
     def _binds(self) -> list[str]:
         """The sandbox's own tmpfs at /tmp and HOME, then the host folders it reads or

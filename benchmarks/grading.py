@@ -6,8 +6,10 @@ wrong answers from tests/mistakes) is graded
 - by plain ``nbgrader autograde`` + ``nbgrader generate_feedback`` (one process, no sandbox,
   the test cells run inside the student's kernel: nbgrader's own way, the baseline);
 - by ``python -m autograder grade --workers 1`` (sandbox per notebook, trusted judge), with
-  each notebook's kernel started when the notebook comes (``COURSE_COLD_KERNELS=1``) and as
-  the grader does it, started while the previous notebook is graded;
+  each notebook's kernel started when the notebook comes (``COURSE_COLD_KERNELS=1``), started
+  while the previous notebook is graded but importing PyTorch itself (``COURSE_NO_ZYGOTE=1``),
+  and as the grader does it: started ahead and forked from a zygote that imported PyTorch
+  once (as root; :mod:`autograder.zygote`);
 - by ``python -m autograder grade --workers N`` for each N of --workers;
 - with --ray, by ``grade --cluster`` against a local Ray cluster started here.
 
@@ -78,11 +80,12 @@ def plain_nbgrader(submissions: Path, work: Path) -> float:
 
 
 def course_grader(submissions: Path, work: Path, workers: int, extra: list[str] | None = None,
-                  cold: bool = False) -> float:
+                  cold: bool = False, zygote: bool = True) -> float:
     """``grade`` from the command line, everything included (it generates the assignments too).
-    ``cold``: each notebook's kernel is started when its notebook comes, not ahead."""
+    ``cold``: each notebook's kernel is started when its notebook comes, not ahead;
+    ``zygote`` False: each kernel imports PyTorch itself instead of being forked from a zygote."""
     started = time.perf_counter()
-    env = {**os.environ, "COURSE_COLD_KERNELS": "1" if cold else "0"}
+    env = {**os.environ, "COURSE_COLD_KERNELS": "1" if cold else "0", "COURSE_NO_ZYGOTE": "0" if zygote else "1"}
     subprocess.run([sys.executable, "-m", "autograder", "grade", str(submissions), "--out", str(work / "out"),
                     "--profile", "smoke", "--no-progress", "--workers", str(workers), *(extra or [])],
                    cwd=ROOT, check=True, capture_output=True, env=env)
@@ -103,6 +106,8 @@ def main() -> None:
         modes: list[tuple[str, object]] = [("plain nbgrader (no sandbox)", lambda w: plain_nbgrader(submissions, w)),
                                            ("grade --workers 1, cold kernels",
                                             lambda w: course_grader(submissions, w, 1, cold=True)),
+                                           ("grade --workers 1, kernels ahead, no zygote",
+                                            lambda w: course_grader(submissions, w, 1, zygote=False)),
                                            ("grade --workers 1", lambda w: course_grader(submissions, w, 1))]
         for workers in [w for w in dict.fromkeys(args.workers) if w != 1]:      # workers 1 is always run
             modes.append((f"grade --workers {workers}", lambda w, k=workers: course_grader(submissions, w, k)))

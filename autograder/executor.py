@@ -130,7 +130,8 @@ class SandboxedKernelManager(AsyncKernelManager):
         try:
             holder = zygote.find_holder(self.provisioner.process.pid)
             self.forked_pid = zygote.zygote_for(box.environment()).spawn({
-                "holder": holder, "argv": argv, "uid": box.uid, "cwd": SANDBOX_WORK, "limits": limits,
+                "holder": holder, "holder_started": zygote.started(holder), "argv": argv, "uid": box.uid,
+                "cwd": SANDBOX_WORK, "limits": limits,
                 "log": str(box.root / "kernel.log"),
                 "seccomp": str(box.root / "seccomp.bpf") if (box.root / "seccomp.bpf").exists() else ""})
             self._forked_namespace = zygote.pid_namespace(holder)

@@ -128,7 +128,8 @@ def holder_command() -> list[str]:
 
 
 def find_holder(root_pid: int, seconds: float = 30) -> int:
-    """The host PID of the holder below ``root_pid`` (bubblewrap's process), once it runs."""
+    """The host PID of the holder below ``root_pid`` (bubblewrap's process), once it runs
+    (the zygote checks, by :func:`started`, that it is still that process when it joins it)."""
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
         for pid in descendants(root_pid):
@@ -162,6 +163,12 @@ def descendants(root_pid: int) -> list[int]:
             found.append(child)
             todo.append(child)
     return found
+
+
+def started(pid: int) -> int:
+    """When ``pid`` started (clock ticks since boot; ``zygote_main.started`` reads the same)."""
+    with open(f"/proc/{pid}/stat", "rb") as f:
+        return int(f.read().rsplit(b")", 1)[1].split()[19])
 
 
 def pid_namespace(pid: int) -> int | None:

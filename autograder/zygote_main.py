@@ -54,18 +54,28 @@ def _ok(result: int, what: str) -> None:
         raise OSError(errno, f"{what}: {os.strerror(errno)}")
 
 
-def _join(holder: int) -> None:
-    """Enter the namespaces of the sandbox whose holder is host PID ``holder``."""
+def started(pid: int) -> int:
+    """When ``pid`` started (clock ticks since boot): with its PID, a process's identity."""
+    with open(f"/proc/{pid}/stat", "rb") as f:
+        return int(f.read().rsplit(b")", 1)[1].split()[19])
+
+
+def _join(holder: int, holder_started: int) -> None:
+    """Enter the namespaces of the sandbox whose holder is host PID ``holder``, started at
+    ``holder_started``: the same process before and after its namespaces are opened (a PID
+    taken by another process meanwhile is refused), and namespaces that are not this
+    process's own (only the cgroup one may be: --unshare-cgroup-try)."""
     own = {ns: os.stat(f"/proc/self/ns/{ns}").st_ino for ns in NAMESPACES if os.path.exists(f"/proc/self/ns/{ns}")}
-    opened = []
-    for ns in own:
-        fd = os.open(f"/proc/{holder}/ns/{ns}", os.O_RDONLY)
-        if os.fstat(fd).st_ino == own[ns]:      # not unshared (--unshare-cgroup-try may not)
-            os.close(fd)
-            continue
-        opened.append((ns, fd))
+    if started(holder) != holder_started:
+        raise OSError(f"process {holder} is no longer the sandbox's holder")
+    opened = [(ns, os.open(f"/proc/{holder}/ns/{ns}", os.O_RDONLY)) for ns in own]
+    if started(holder) != holder_started:
+        raise OSError(f"process {holder} is no longer the sandbox's holder")
     for ns, fd in opened:
-        _ok(libc.setns(fd, 0), f"setns {ns}")
+        if os.fstat(fd).st_ino != own[ns]:
+            _ok(libc.setns(fd, 0), f"setns {ns}")
+        elif ns != "cgroup":
+            raise OSError(f"the sandbox shares this process's {ns} namespace")
         os.close(fd)
 
 
@@ -120,7 +130,7 @@ def _spawn(request: dict, report: int) -> None:
         if request.get("seccomp"):
             with open(request["seccomp"], "rb") as f:
                 program = f.read()
-        _join(request["holder"])
+        _join(request["holder"], request["holder_started"])
         pid = os.fork()
         if pid == 0:
             try:

@@ -159,3 +159,22 @@ def test_a_zygote_that_cannot_start_leaves_the_kernel_cold(tmp_path, monkeypatch
         box.cleanup()
         zygote._ZYGOTES.clear()
         zygote._ZYGOTES.update(saved)
+
+
+def test_the_zygote_forks_only_into_the_holder_it_was_told_of_and_never_into_the_hosts_namespaces(tmp_path):
+    """A request naming a process that is not a sandbox's holder: one whose PID now belongs
+    to another process (another start time), or one that shares the zygote's namespaces
+    (this test's own process, as a PID reused by a host process would), forks nothing."""
+    box = _box(tmp_path, "requests")
+    fork = zygote.Zygote(box.environment())
+    try:
+        request = {"argv": [], "uid": box.uid, "cwd": "/", "limits": box.rlimits(), "log": str(box.root / "kernel.log"),
+                   "seccomp": ""}
+        me = os.getpid()
+        with pytest.raises(zygote.ZygoteUnavailable, match="no longer the sandbox's holder"):
+            fork.spawn({**request, "holder": me, "holder_started": zygote.started(me) + 1})
+        with pytest.raises(zygote.ZygoteUnavailable, match="shares this process's"):
+            fork.spawn({**request, "holder": me, "holder_started": zygote.started(me)})
+    finally:
+        fork.close()
+        box.cleanup()

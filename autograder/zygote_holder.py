@@ -42,6 +42,9 @@ def main(marker: bytes) -> None:
         select.select([os.pidfd_open(pid)], [], [])     # readable when the kernel has ended
     except ProcessLookupError:
         pass
+    except OSError:                                     # no pidfd (Linux before 5.3): look
+        while os.path.exists(f"/proc/{pid}"):
+            time.sleep(0.05)
 
 
 if __name__ == "__main__":

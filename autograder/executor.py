@@ -81,6 +81,20 @@ class SandboxedKernelManager(AsyncKernelManager):
     _forked_namespace = None
     _own_cmd: list[str] = []
 
+    @classmethod
+    def in_sandbox(cls, sandbox) -> "SandboxedKernelManager":
+        """A manager whose kernel will run in ``sandbox``."""
+        km = cls()
+        km.use_sandbox(sandbox)
+        return km
+
+    def use_sandbox(self, sandbox) -> None:
+        """Launch the kernel in ``sandbox``, connected over Unix sockets in its socket folder."""
+        self.sandbox = sandbox
+        self.transport = "ipc"
+        self.connection_file = str(sandbox.socket_dir / "kernel.json")
+        self.ip = str(sandbox.socket_dir / "kernel")
+
     def format_kernel_cmd(self, extra_arguments=None):
         cmd = self._own_cmd = super().format_kernel_cmd(extra_arguments)
         return self.sandbox.prefix() + cmd if self.sandbox is not None else cmd
@@ -258,10 +272,7 @@ class CourseExecute(Execute):
         if self.sandbox_factory is None:
             return None
         sandbox = self.sandbox_factory()
-        km.sandbox = sandbox
-        km.transport = "ipc"
-        km.connection_file = str(sandbox.socket_dir / "kernel.json")
-        km.ip = str(sandbox.socket_dir / "kernel")
+        km.use_sandbox(sandbox)
         return sandbox
 
     def _take_spare(self):

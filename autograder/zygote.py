@@ -88,29 +88,33 @@ class Zygote:
         self.process.wait()
 
 
-_ZYGOTES: dict[tuple, Zygote] = {}
+# This process's zygotes, by the kernels' environment; None: it failed, kernels start cold.
+_ZYGOTES: dict[tuple, Zygote | None] = {}
+
+
+def _key(env: dict[str, str]) -> tuple:
+    return tuple(sorted(env.items()))
 
 
 def zygote_for(env: dict[str, str]) -> Zygote:
     """This process's zygote for kernels with environment ``env`` (started on first use; a
     dead one is replaced)."""
-    key = tuple(sorted(env.items()))
-    zygote = _ZYGOTES.get(key)
+    zygote = _ZYGOTES.get(_key(env))
     if zygote is None or zygote.process.poll() is not None:
-        _ZYGOTES[key] = zygote = Zygote(env)
+        _ZYGOTES[_key(env)] = zygote = Zygote(env)
     return zygote
 
 
 def forget(env: dict[str, str]) -> None:
     """Stop using the zygote for ``env`` (it failed): later kernels start cold."""
-    zygote = _ZYGOTES.pop(tuple(sorted(env.items())), None)
+    zygote = _ZYGOTES.get(_key(env))
     if zygote is not None:
         zygote.close()
-    _ZYGOTES[tuple(sorted(env.items()))] = None    # type: ignore[assignment] - marks "cold from now on"
+    _ZYGOTES[_key(env)] = None
 
 
 def failed_before(env: dict[str, str]) -> bool:
-    key = tuple(sorted(env.items()))
+    key = _key(env)
     return key in _ZYGOTES and _ZYGOTES[key] is None
 
 

@@ -42,8 +42,7 @@ async def one_kernel() -> float:
 
     box = Sandbox(Path(tempfile.mkdtemp(prefix="course-sandbox-")), Path(course.__file__).parent, Limits(),
                   env={"COURSE_DEVICE": "cpu"})
-    km = SandboxedKernelManager(sandbox=box, transport="ipc", ip=str(box.socket_dir / "kernel"),
-                                connection_file=str(box.socket_dir / "kernel.json"))
+    km = SandboxedKernelManager.in_sandbox(box)
     try:
         started = time.perf_counter()
         await km.start_kernel(extra_arguments=warmup_arguments(SETUP_IMPORTS))

@@ -16,6 +16,7 @@ import pytest
 import course
 from autograder import sandbox_filter, sandbox_ids
 from autograder.sandbox import Limits, Sandbox, available
+from kernel_tools import run_in_kernel
 
 pytestmark = [pytest.mark.slow,   # real sandboxes and kernels
               pytest.mark.skipif(not available(), reason="bubblewrap is not usable here")]
@@ -65,24 +66,9 @@ def _run(box: Sandbox, code: str, timeout: float = 60) -> subprocess.CompletedPr
 async def _kernel_starts_and_forks(box: Sandbox) -> dict:
     """A real kernel in ``box``: it answers kernel_info, then runs a cell that starts a
     thread and a child process."""
-    from autograder.executor import SandboxedKernelManager
-
-    km = SandboxedKernelManager(sandbox=box, transport="ipc", ip=str(box.socket_dir / "kernel"),
-                                connection_file=str(box.socket_dir / "kernel.json"))
-    await km.start_kernel()
-    client = km.client()
-    client.start_channels()
-    try:
-        await client.wait_for_ready(timeout=60)
-        printed = []
-        code = ("import os, subprocess, sys, threading\nt = threading.Thread(target=len, args=((),)); t.start(); t.join()\n"
-                "print(os.getuid(), subprocess.run([sys.executable, '-c', 'print(7)'], capture_output=True).stdout)")
-        reply = await client.execute_interactive(code, timeout=60, output_hook=lambda m: printed.append(
-            m["content"].get("text", "")))
-        return {"status": reply["content"]["status"], "printed": "".join(printed)}
-    finally:
-        client.stop_channels()
-        await km.shutdown_kernel(now=True)
+    code = ("import os, subprocess, sys, threading\nt = threading.Thread(target=len, args=((),)); t.start(); t.join()\n"
+            "print(os.getuid(), subprocess.run([sys.executable, '-c', 'print(7)'], capture_output=True).stdout)")
+    return await run_in_kernel(box, code)
 
 
 @as_root

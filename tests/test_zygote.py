@@ -15,6 +15,7 @@ import pytest
 import course
 from autograder import zygote
 from autograder.sandbox import Limits, Sandbox, available
+from kernel_tools import run_in_kernel
 
 pytestmark = [pytest.mark.slow,   # real sandboxes and kernels
               pytest.mark.skipif(not available() or os.geteuid() != 0,
@@ -54,22 +55,8 @@ def _box(root: Path, name: str) -> Sandbox:
 async def _look(box: Sandbox, code: str = LOOK) -> tuple[dict, int | None]:
     """Start a kernel in ``box`` as the grader does, run ``code``; what it printed (JSON), and
     the host PID of the kernel if the zygote forked it."""
-    from autograder.executor import SandboxedKernelManager
-
-    km = SandboxedKernelManager(sandbox=box, transport="ipc", ip=str(box.socket_dir / "kernel"),
-                                connection_file=str(box.socket_dir / "kernel.json"))
-    await km.start_kernel()
-    client = km.client()
-    client.start_channels()
-    try:
-        await client.wait_for_ready(timeout=120)
-        printed = []
-        await client.execute_interactive(code, timeout=60, output_hook=lambda m: printed.append(
-            m["content"].get("text", "")))
-        return json.loads("".join(printed)), km.forked_pid
-    finally:
-        client.stop_channels()
-        await km.shutdown_kernel(now=True)
+    ran = await run_in_kernel(box, code)
+    return json.loads(ran["printed"]), ran["forked_pid"]
 
 
 def _started(root: Path, name: str, monkeypatch=None, cold: bool = False) -> tuple[dict, int | None]:
@@ -118,8 +105,7 @@ def test_only_the_forked_kernel_is_signalled_and_only_while_it_is_in_its_sandbox
     box = _box(tmp_path, "signalled")
 
     async def run() -> tuple[list[int], str, list[int]]:
-        km = SandboxedKernelManager(sandbox=box, transport="ipc", ip=str(box.socket_dir / "kernel"),
-                                    connection_file=str(box.socket_dir / "kernel.json"))
+        km = SandboxedKernelManager.in_sandbox(box)
         await km.start_kernel()
         try:
             alive = km._kernel_pids()

@@ -34,6 +34,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+from . import scratch
 from .result import failed
 from .rows import Found, GradeRow
 from .workers import KILL_ENV, MAX_ATTEMPTS
@@ -72,7 +73,7 @@ def _node_grader(payload: dict):
         if not solutions.is_dir() or fingerprint(solutions) != payload["solutions_fingerprint"]:
             raise RuntimeError(f"{socket.gethostname()}: {solutions} is missing or differs from the caller's "
                                f"solutions/; update the course repository on this machine")
-        out = Path(tempfile.mkdtemp(prefix="course-ray-grader-"))
+        out = scratch.folder("ray-grader-")
         grader = payload["grader_class"](solutions, out, payload["settings"])
         grader._open_tree([])
         grader.tree.worker, grader.tree.threads = _claim_slot(), payload["threads"]
@@ -93,7 +94,7 @@ def grade_task(payload: dict):
 
     os.environ.update(thread_environment(payload["threads"]))
     grader = _node_grader(payload)
-    folder = Path(tempfile.mkdtemp(prefix="course-ray-sub-")) / assignment
+    folder = scratch.folder("ray-sub-") / assignment
     folder.mkdir()
     try:
         for name, (kind, content) in payload["files"].items():

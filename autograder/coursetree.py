@@ -21,7 +21,7 @@ from nbgrader.preprocessors import (AssignLatePenalties, CheckCellMetadata, GetG
 from nbconvert.preprocessors import ClearMetadataPreprocessor
 from traitlets.config import Config
 
-from . import contract
+from . import contract, scratch
 from .executor import CourseExecute
 from .feedback import FeedbackExporter
 from .preprocessors import HideHiddenTests, StderrIsNotFailure
@@ -186,8 +186,6 @@ class CourseTree:
 
     def new_sandbox(self) -> Sandbox:
         """A fresh sandbox for one notebook (called by the executor for each kernel)."""
-        import tempfile
-
         from course.data import heldout
 
         from .kernel_view import kernel_course, public_data
@@ -196,7 +194,7 @@ class CourseTree:
         # and the data without its test splits (the held-out scores are the grader's).
         view = kernel_course()
         limits = Limits(memory_bytes=int(self.settings.memory_gb * (1 << 30)))
-        return Sandbox(Path(tempfile.mkdtemp(prefix="course-sandbox-")), view / "course", limits,
+        return Sandbox(scratch.folder("sandbox-"), view / "course", limits,
                        gpu=self.settings.device.startswith("cuda") or self.settings.device == "auto",
                        env={**self.settings.kernel_environment(), **thread_environment(self.threads),
                             "PYTHONPATH": str(view), heldout.ENV: "1"},

@@ -16,11 +16,11 @@ on the kernel's ``PYTHONPATH`` (the editable install's finder comes after it).
 
 from __future__ import annotations
 
-import atexit
 import functools
 import shutil
-import tempfile
 from pathlib import Path
+
+from . import scratch
 
 # Of course/checks, what the kernel keeps; every other module there becomes a stand-in.
 KERNEL_SIDE_CHECKS = frozenset({"__init__.py", "_core.py", "_recorders.py"})
@@ -67,8 +67,7 @@ def kernel_course() -> Path:
     import course
 
     source = Path(course.__file__).resolve().parent
-    root = Path(tempfile.mkdtemp(prefix="course-kernel-view-"))
-    atexit.register(shutil.rmtree, root, True)
+    root = scratch.folder("kernel-view-")     # removed with the process's scratch folder
     build(source, root / "course")
     for path in [root, *root.rglob("*")]:
         path.chmod(0o755 if path.is_dir() else 0o644)

@@ -42,11 +42,12 @@ time.sleep(120)
 
 # A second grading run: its own process, its own sandbox, the hog inside it.
 OTHER_RUN = r"""
-import subprocess, sys, tempfile
+import subprocess, sys
 from pathlib import Path
 import course
+from autograder import scratch
 from autograder.sandbox import Sandbox
-box = Sandbox(Path(tempfile.mkdtemp(prefix="course-sandbox-")), Path(course.__file__).parent)
+box = Sandbox(scratch.folder("sandbox-"), Path(course.__file__).parent)     # swept if this run is killed
 try:
     subprocess.run(box.prefix() + [sys.executable, "-c", sys.argv[1]])
 finally:

@@ -23,6 +23,7 @@ import importlib
 import io
 import itertools
 import json
+import math
 import os
 import time
 from pathlib import Path
@@ -322,7 +323,25 @@ def dumps(payload: Any) -> bytes:
             if name.startswith("course.checks.") and name not in kept and name not in _BY_VALUE:
                 cloudpickle.register_pickle_by_value(module)
                 _BY_VALUE.add(name)
-    return cloudpickle.dumps(payload)
+    buffer = io.BytesIO()
+    _RequestPickler(buffer).dump(payload)
+    return buffer.getvalue()
+
+
+class _RequestPickler(cloudpickle.CloudPickler):
+    """cloudpickle, with a CPU tensor sent as its storage's bytes and its view of them
+    (:func:`course.probe.tensor_from_parts`): pickling a tensor by default saves and loads
+    its storage with torch.save, about ten times the CPU on both sides. Views of one storage
+    stay views of one storage (the storage object is pickled once, then by reference)."""
+
+    def reducer_override(self, obj: Any) -> Any:
+        kind = type(obj)
+        if kind is torch.Tensor and probe.packable(obj):
+            return probe.tensor_from_parts, (obj.untyped_storage(), obj.dtype, obj.storage_offset(),
+                                             tuple(obj.shape), obj.stride(), obj.requires_grad)
+        if kind is torch.UntypedStorage and obj.device.type == "cpu":
+            return probe.storage_from_bytes, (probe.storage_bytes(obj),)
+        return super().reducer_override(obj)
 
 
 _BY_VALUE: set[str] = set()
@@ -341,7 +360,12 @@ def read_reply(path: Path) -> dict:
         data = path.read_bytes()
     finally:
         path.unlink(missing_ok=True)
-    reply = _json_reply(data) if data.startswith(probe.JSON_REPLY) else _saved_reply(data)
+    if data.startswith(probe.JSON_REPLY):
+        reply = _json_reply(data)
+    elif data.startswith(probe.TENSOR_REPLY):
+        reply = _tensor_reply(data)
+    else:
+        reply = _saved_reply(data)
     if not isinstance(reply, dict):
         raise _not_the_format()
     return reply
@@ -366,7 +390,102 @@ def _saved_reply(data: bytes) -> Any:
         raise _not_the_format() from None
     _bound_description(sum(e.file_size for e in entries if e.filename.endswith(".pkl")),
                        sum(e.file_size for e in entries))
-    return torch.load(io.BytesIO(data), weights_only=True)
+    reply = torch.load(io.BytesIO(data), weights_only=True)
+    _bound_tensors(reply)
+    return reply
+
+
+def _bound_tensors(value: Any, depth: int = 0) -> None:
+    """Refuse a tensor of more elements than a test reads (a view that repeats a few bytes,
+    with zero strides, could stand for terabytes)."""
+    if isinstance(value, torch.Tensor):
+        _bound_elements(value.numel(), value.element_size())
+    elif isinstance(value, (list, tuple)) and depth < 64:
+        for item in value:
+            _bound_tensors(item, depth + 1)
+    elif isinstance(value, dict) and depth < 64:
+        for item in value.values():
+            _bound_tensors(item, depth + 1)
+
+
+def _bound_elements(numel: int, itemsize: int) -> None:
+    if numel * itemsize > MAX_REPLY_BYTES:
+        raise StudentCodeError(f"the student's code returned a tensor of {numel:,} elements, more than a test "
+                               f"reads ({MAX_REPLY_BYTES:,} bytes)")
+
+
+def _tensor_reply(data: bytes) -> Any:
+    """A reply written by :func:`course.probe.pack_reply`, read strictly: every tag, number and
+    view is checked before a tensor is made, and nothing else is made."""
+    body = memoryview(data)[len(probe.TENSOR_REPLY):]
+    length = int.from_bytes(body[:8], "little") if len(body) >= 8 else -1
+    if not 0 <= length <= len(body) - 8:
+        raise _not_the_format()
+    _bound_description(length)
+    try:
+        header = json.loads(bytes(body[8:8 + length]).decode("utf-8"))
+        storages = _storages(header["storages"], body[8 + length:])
+        tensors = [_tensor(entry, storages) for entry in header["tensors"]]
+        return _unpacked(header["value"], tensors)
+    except (ValueError, TypeError, KeyError, IndexError, AttributeError, RecursionError):
+        raise _not_the_format() from None
+
+
+def _storages(sizes: list, data: memoryview) -> list[torch.UntypedStorage]:
+    if type(sizes) is not list or not all(type(n) is int and n >= 0 for n in sizes) or sum(sizes) != len(data):
+        raise ValueError("storage sizes")
+    starts = list(itertools.accumulate(sizes, initial=0))
+    return [torch.UntypedStorage.from_buffer(data[a:b], dtype=torch.uint8) for a, b in zip(starts, starts[1:])]
+
+
+def _tensor(entry: list, storages: list[torch.UntypedStorage]) -> torch.Tensor:
+    number, dtype, offset, size, stride, requires_grad, parameter = entry
+    counts = [number, offset, *size, *stride]
+    if (dtype not in probe.TENSOR_DTYPES or type(size) is not list or type(stride) is not list
+            or len(size) != len(stride) or len(size) > 64 or not all(type(n) is int and n >= 0 for n in counts)
+            or type(requires_grad) is not bool or type(parameter) is not bool):
+        raise ValueError("tensor entry")
+    dtype = getattr(torch, dtype)
+    _bound_elements(math.prod(size), dtype.itemsize)
+    last = offset + sum((n - 1) * s for n, s in zip(size, stride)) if math.prod(size) else offset - 1
+    if (last + 1) * dtype.itemsize > storages[number].nbytes():
+        raise ValueError("a view past its storage")
+    try:
+        tensor = torch.empty(0, dtype=dtype).set_(storages[number], offset, size, stride)
+        return torch.nn.Parameter(tensor, requires_grad) if parameter else tensor.requires_grad_(requires_grad)
+    except RuntimeError:        # requires_grad on integers
+        raise ValueError("tensor entry") from None
+
+
+def _unpacked(value: Any, tensors: list[torch.Tensor]) -> Any:
+    if value is None or type(value) in (bool, int, float, str):
+        return value
+    if type(value) is list:
+        return [_unpacked(v, tensors) for v in value]
+    (tag, inner), = value.items()       # a tag: one key (anything else is not the format)
+    if tag == "t" and type(inner) is list:
+        return tuple(_unpacked(v, tensors) for v in inner)
+    if tag == "d" and type(inner) is list:
+        return {_unpacked(k, tensors): _unpacked(v, tensors) for k, v in inner}
+    if tag == "T" and type(inner) is int and inner >= 0:
+        return tensors[inner]
+    if tag == "f" and inner in ("nan", "inf", "-inf"):
+        return float(inner)
+    if tag == "c" and type(inner) is list and all(type(_unpacked(v, tensors)) is float for v in inner):
+        return complex(*(_unpacked(v, tensors) for v in inner))
+    if tag == "b" and type(inner) is str:
+        import base64
+        return base64.b64decode(inner, validate=True)
+    if tag == "S" and type(inner) is list and all(type(n) is int and n >= 0 for n in inner):
+        return torch.Size(inner)
+    if tag == "dt" and inner in probe.TENSOR_DTYPES:
+        return getattr(torch, inner)
+    if tag == "dv" and type(inner) is str and inner.startswith(("cpu", "cuda", "mps", "meta")):
+        try:
+            return torch.device(inner)
+        except RuntimeError:
+            raise ValueError("device") from None
+    raise ValueError(f"tag {tag!r}")
 
 
 def _bound_description(pickled: int, unpacked: int = 0) -> None:

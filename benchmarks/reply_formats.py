@@ -1,12 +1,17 @@
-"""What one reply from a kernel costs, written and read, in each of its two formats.
+"""What one call into a kernel costs to send and to answer, in each format.
 
-A check makes thousands of calls into the student's code, and each call's reply is written
-by the kernel (``course.probe.write_reply``) and read by the grader
+A check makes thousands of calls into the student's code. Each call's request is pickled by
+the grader (``autograder.remote.dumps``) and unpickled by the kernel; its reply is written by
+the kernel (``course.probe.write_reply``) and read by the grader
 (``autograder.remote.read_reply``). A reply that JSON gives back exactly (no tensor, tuple,
-number key or NaN) is written as JSON; any other with ``torch.save`` and read with
-``torch.load(weights_only=True)``. This writes and reads typical tensor-free replies both
-ways, ``--calls`` times each, and prints the CPU milliseconds per reply and the ratio (the
-``torch.save`` format is the baseline, in the same run). Nothing here asserts a time.
+number key or NaN) is written as JSON; one of plain values and CPU tensors as tagged JSON and
+the tensors' bytes (``course.probe.pack_reply``); any other with ``torch.save``, read with
+``torch.load(weights_only=True)``. A request's tensors travel as their storages' bytes,
+where cloudpickle would pickle each storage with torch.save.
+
+This writes and reads typical replies and requests ``--calls`` times each, and prints the
+CPU milliseconds per call in the baseline format (``torch.save``; plain cloudpickle) and in
+the one chosen, and the ratio, in the same run. Nothing here asserts a time.
 
     .venv/bin/python benchmarks/reply_formats.py --calls 2000
 """
@@ -14,6 +19,7 @@ ways, ``--calls`` times each, and prints the CPU milliseconds per reply and the 
 from __future__ import annotations
 
 import argparse
+import pickle
 import sys
 import tempfile
 import time
@@ -23,7 +29,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from autograder.remote import read_reply  # noqa: E402
+import cloudpickle  # noqa: E402
+
+from autograder.remote import dumps, read_reply  # noqa: E402
 from course.probe import JSON_REPLY, write_reply  # noqa: E402
 
 EMPTY = {"contexts": [], "grads": {}, "twins": {}}
@@ -35,6 +43,30 @@ REPLIES = {
     "an error": {"error": {"type": "ValueError", "bases": ["ValueError", "Exception"], "message": "bad shape",
                            "traceback": "Traceback ...\n" * 20}, **EMPTY},
 }
+
+
+ARGUMENTS = torch.arange(512, dtype=torch.float32).view(2, 16, 16)
+TENSOR_REPLIES = {
+    "a tensor (2x16x16)": {"value": ARGUMENTS, "changed": [], **EMPTY},
+    "a tuple of three tensors and a number": {"value": {"__tuple__": [ARGUMENTS, ARGUMENTS[0], ARGUMENTS.sum(0), 1.5]},
+                                              "changed": [], **EMPTY},
+}
+REQUESTS = {
+    "a call with two tensors": {"op": "call", "target": None, "args": (ARGUMENTS, ARGUMENTS[:, :4]), "kwargs": {},
+                                "seed": 7, "grad": False, "contexts": []},
+    "a call with a model's 8 parameters": {"op": "call", "target": None, "kwargs": {}, "seed": 7, "grad": False,
+                                           "args": (dict(torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.ReLU(),
+                                                                             *[torch.nn.Linear(16, 16) for _ in range(3)])
+                                                         .state_dict()),), "contexts": []},
+}
+
+
+def request_ms(request: dict, calls: int, plain: bool) -> float:
+    """CPU milliseconds to pickle ``request`` once and unpickle it."""
+    started = time.process_time()
+    for _ in range(calls):
+        pickle.loads(cloudpickle.dumps(request) if plain else dumps(request))
+    return (time.process_time() - started) / calls * 1e3
 
 
 def per_call_ms(reply: dict, path: Path, calls: int, as_saved: bool) -> float:
@@ -55,14 +87,21 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(1)
     path = Path(tempfile.mkdtemp(prefix="reply-formats-")) / "reply"
-    print("| reply | torch.save + weights_only load (ms) | JSON (ms) | ratio |")
-    print("|---|---|---|---|")
-    for name, reply in REPLIES.items():
+    print("| reply | torch.save + weights_only load (ms) | chosen (ms) | format chosen | ratio |")
+    print("|---|---|---|---|---|")
+    for name, reply in {**REPLIES, **TENSOR_REPLIES}.items():
         write_reply(reply, str(path))
-        assert path.read_bytes().startswith(JSON_REPLY), f"{name}: write_reply did not choose JSON"
+        chosen = "JSON" if path.read_bytes().startswith(JSON_REPLY) else "packed"
+        assert chosen == ("JSON" if name in REPLIES else "packed"), f"{name}: write_reply chose {chosen}"
         saved = per_call_ms(reply, path, args.calls, as_saved=True)
-        as_json = per_call_ms(reply, path, args.calls, as_saved=False)
-        print(f"| {name} | {saved:.3f} | {as_json:.3f} | {saved / as_json:.1f}x |")
+        own = per_call_ms(reply, path, args.calls, as_saved=False)
+        print(f"| {name} | {saved:.3f} | {own:.3f} | {chosen} | {saved / own:.1f}x |")
+    print()
+    print("| request | cloudpickle (ms) | tensors as bytes (ms) | ratio |")
+    print("|---|---|---|---|")
+    for name, request in REQUESTS.items():
+        plain, own = request_ms(request, args.calls, plain=True), request_ms(request, args.calls, plain=False)
+        print(f"| {name} | {plain:.3f} | {own:.3f} | {plain / own:.1f}x |")
 
 
 if __name__ == "__main__":

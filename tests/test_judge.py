@@ -202,6 +202,110 @@ def test_an_oversized_malformed_or_too_deep_json_reply_is_refused(tmp_path, monk
             remote.read_reply(reply)
 
 
+def _same(got, want) -> bool:
+    """Equal values of equal types; tensors with equal dtype, view, gradient flag and kind."""
+    if isinstance(want, torch.Tensor):
+        return (type(got) is type(want) and got.dtype == want.dtype and got.shape == want.shape
+                and got.stride() == want.stride() and got.requires_grad == want.requires_grad
+                and torch.equal(got.detach(), want.detach()))
+    if type(want) in (list, tuple):
+        return type(got) is type(want) and len(got) == len(want) and all(map(_same, got, want))
+    if type(want) is dict:
+        return type(got) is dict and list(got) == list(want) and all(_same(got[k], want[k]) for k in want)
+    return type(got) is type(want) and (got == want or got != got and want != want)
+
+
+def _tensor_replies() -> list[dict]:
+    base = torch.arange(24, dtype=torch.float32).view(4, 6)
+    return [
+        {"value": {"__tuple__": [base, base[1:, ::2], base.T, torch.zeros(0, 3)]}, "changed": [[0, base]]},
+        {"value": [torch.randn(3, dtype=torch.bfloat16), torch.tensor([True, False]), torch.arange(5) - 2,
+                   torch.randn(2, dtype=torch.complex64), torch.tensor(7, dtype=torch.uint8)]},
+        {"value": {"w": torch.nn.Parameter(torch.ones(2)), "g": torch.ones(2, requires_grad=True)},
+         "grads": {3: torch.full((2,), 0.5), 4: None}},
+        {"value": [float("nan"), float("-inf"), -0.0, 3 + 4j, b"\x00\xff", torch.Size([2, 3]), torch.float16,
+                   torch.device("cpu"), {(1, "a"): "x"}, 2 ** 70, "\ud800"]},
+    ]
+
+
+def test_a_reply_with_tensors_reads_back_as_its_torch_save_would(tmp_path):
+    packed, saved = tmp_path / "packed", tmp_path / "saved"
+    for reply in _tensor_replies():
+        probe.write_reply(reply, str(packed))
+        assert packed.read_bytes().startswith(probe.TENSOR_REPLY), reply
+        torch.save(reply, saved)
+        got, want = remote.read_reply(packed), remote.read_reply(saved)
+        assert _same(got, want) and _same(got, reply), (got, want)
+    views, parameters = (_written_and_read(reply, packed)["value"] for reply in _tensor_replies()[:3:2])
+    assert views["__tuple__"][1].untyped_storage() is views["__tuple__"][0].untyped_storage()   # as sent
+    assert type(parameters["w"]) is torch.nn.Parameter
+
+
+def _written_and_read(reply: dict, path: Path) -> dict:
+    probe.write_reply(reply, str(path))
+    return remote.read_reply(path)
+
+
+def test_a_reply_the_packed_format_cannot_hold_goes_with_torch_save(tmp_path):
+    from collections import OrderedDict
+
+    reply = tmp_path / "reply"
+    for value in (OrderedDict(a=torch.ones(1)), (torch.ones(2, 2) + 1j).conj()):
+        probe.write_reply({"value": value}, str(reply))
+        assert not reply.read_bytes().startswith((probe.TENSOR_REPLY, probe.JSON_REPLY))
+        got = remote.read_reply(reply)["value"]
+        assert type(got) is type(value) and repr(got) == repr(value)
+
+
+def _packed(header: dict, data: bytes = b"") -> bytes:
+    import json
+
+    text = json.dumps(header).encode()
+    return probe.TENSOR_REPLY + len(text).to_bytes(8, "little") + text + data
+
+
+def test_a_malformed_tensor_reply_is_refused_before_a_tensor_is_made(tmp_path):
+    reply = tmp_path / "reply"
+    entry = [0, "float32", 0, [2], [1], False, False]
+    malformed = [
+        _packed({"value": {"T": 0}, "storages": [8], "tensors": [[0, "float32", 1, [2], [1], False, False]]}, bytes(8)),
+        _packed({"value": {"T": 0}, "storages": [8], "tensors": [[0, "object", 0, [1], [1], False, False]]}, bytes(8)),
+        _packed({"value": {"T": 0}, "storages": [8], "tensors": [[0, "int64", 0, [1], [1], True, False]]}, bytes(8)),
+        _packed({"value": {"T": 1}, "storages": [8], "tensors": [entry]}, bytes(8)),
+        _packed({"value": {"T": 0}, "storages": [9], "tensors": [entry]}, bytes(8)),
+        _packed({"value": {"x": 1}, "storages": [], "tensors": []}),
+        _packed({"value": {"t": [], "d": []}, "storages": [], "tensors": []}),
+        _packed({"value": {"dv": "anywhere"}, "storages": [], "tensors": []}),
+        _packed({"value": {"T": 0}, "storages": [8], "tensors": [[0, "float32", -1, [1], [1], False, False]]}, bytes(8)),
+        probe.TENSOR_REPLY + (1 << 40).to_bytes(8, "little") + b"{}",
+    ]
+    for data in malformed:
+        reply.write_bytes(data)
+        with pytest.raises(StudentCodeError, match="format"):
+            remote.read_reply(reply)
+
+
+def test_a_tensor_that_repeats_a_few_bytes_past_what_a_test_reads_is_refused_in_either_format(tmp_path):
+    reply = tmp_path / "reply"
+    reply.write_bytes(_packed({"value": {"T": 0}, "storages": [4], "tensors": [[0, "float32", 0, [1 << 40], [0],
+                                                                               False, False]]}, bytes(4)))
+    with pytest.raises(StudentCodeError, match="elements"):
+        remote.read_reply(reply)
+    torch.save({"value": torch.zeros(1).expand(1 << 40)}, reply)
+    with pytest.raises(StudentCodeError, match="elements"):
+        remote.read_reply(reply)
+
+
+def test_a_request_keeps_views_strides_gradient_flags_and_parameters():
+    base = torch.arange(12.0).view(3, 4)
+    request = {"args": (base, base[:, 1:].t(), torch.nn.Parameter(torch.ones(2)), torch.ones(1, requires_grad=True))}
+    whole, view, parameter, leaf = pickle.loads(remote.dumps(request))["args"]
+    assert _same(whole, base) and _same(view, base[:, 1:].t()) and _same(leaf, request["args"][3])
+    assert type(parameter) is torch.nn.Parameter and parameter.requires_grad
+    whole[0, 1] = -1.0
+    assert view[0, 0].item() == -1.0      # still a view of the same storage
+
+
 def test_a_failure_quotes_at_most_its_limit():
     from course.checks._core import QUOTE_LIMIT, CheckFailed, fail
 

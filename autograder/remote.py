@@ -433,7 +433,7 @@ def _tensor_reply(data: bytes) -> Any:
 
 def _storages(sizes: list, data: memoryview) -> list[torch.UntypedStorage]:
     if type(sizes) is not list or not all(type(n) is int and n >= 0 for n in sizes) or sum(sizes) != len(data):
-        raise ValueError("storage sizes")
+        raise ValueError
     starts = list(itertools.accumulate(sizes, initial=0))
     return [torch.UntypedStorage.from_buffer(data[a:b], dtype=torch.uint8) for a, b in zip(starts, starts[1:])]
 
@@ -444,17 +444,17 @@ def _tensor(entry: list, storages: list[torch.UntypedStorage]) -> torch.Tensor:
     if (dtype not in probe.TENSOR_DTYPES or type(size) is not list or type(stride) is not list
             or len(size) != len(stride) or len(size) > 64 or not all(type(n) is int and n >= 0 for n in counts)
             or type(requires_grad) is not bool or type(parameter) is not bool):
-        raise ValueError("tensor entry")
+        raise ValueError
     dtype = getattr(torch, dtype)
     _bound_elements(math.prod(size), dtype.itemsize)
     last = offset + sum((n - 1) * s for n, s in zip(size, stride)) if math.prod(size) else offset - 1
     if (last + 1) * dtype.itemsize > storages[number].nbytes():
-        raise ValueError("a view past its storage")
+        raise ValueError
     try:
         tensor = torch.empty(0, dtype=dtype).set_(storages[number], offset, size, stride)
         return torch.nn.Parameter(tensor, requires_grad) if parameter else tensor.requires_grad_(requires_grad)
     except RuntimeError:        # requires_grad on integers
-        raise ValueError("tensor entry") from None
+        raise ValueError from None
 
 
 def _unpacked(value: Any, tensors: list[torch.Tensor]) -> Any:
@@ -484,8 +484,8 @@ def _unpacked(value: Any, tensors: list[torch.Tensor]) -> Any:
         try:
             return torch.device(inner)
         except RuntimeError:
-            raise ValueError("device") from None
-    raise ValueError(f"tag {tag!r}")
+            raise ValueError from None
+    raise ValueError
 
 
 def _bound_description(pickled: int, unpacked: int = 0) -> None:

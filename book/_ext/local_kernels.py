@@ -11,13 +11,15 @@ down without an interrupt, so that a successful build logs neither warnings nor 
   to stop is enough (a kernel that does not stop is killed after it, as before).
 
 The pages run through Jupyter Book's cache (jupyter-cache hands each page to nbclient), so
-the kernel manager below is given to that call.
+the kernel manager below is given to that call. It forks each page's kernel from the build's
+kernel server (forked_kernels.py).
 """
 
 from __future__ import annotations
 
 import functools
 import os
+import sys
 import uuid
 from pathlib import Path
 
@@ -40,6 +42,24 @@ class LocalKernelManager(AsyncKernelManager):
         runtime = jupyter_runtime_dir()
         os.makedirs(runtime, mode=0o700, exist_ok=True)
         return os.path.join(runtime, f"book-kernel-{uuid.uuid4().hex[:12]}")
+
+    async def _async_launch_kernel(self, kernel_cmd: list[str], **kw) -> None:
+        # A page's kernel forked from the build's kernel server (forked_kernels.py), its
+        # holder the process this manager watches; cold where the server is not usable.
+        import forked_kernels
+
+        is_ipykernel = kernel_cmd[1:3] == ["-m", "ipykernel_launcher"] and \
+            os.path.realpath(kernel_cmd[0]) == os.path.realpath(sys.executable)
+        server = forked_kernels.server() if is_ipykernel else None
+        if server is not None:
+            try:
+                env = {**(kw.get("env") or os.environ), "JPY_PARENT_PID": str(os.getpid())}     # as launch_kernel sets it
+                pid = server.fork(kernel_cmd[3:], str(kw.get("cwd") or os.getcwd()), env)
+            except OSError as err:
+                self.log.warning("starting the page's kernel cold: %s", err)
+            else:
+                return await super()._async_launch_kernel(forked_kernels.holder_command(pid), **kw)
+        return await super()._async_launch_kernel(kernel_cmd, **kw)
 
     async def _async_interrupt_kernel(self) -> None:
         if self.shutting_down:      # the shutdown request that follows is enough

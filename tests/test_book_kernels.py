@@ -44,6 +44,10 @@ PAGES_RUN = textwrap.dedent('''
             time.sleep(0.1)
         seen["ended"] = not os.path.exists(f"/proc/{seen['pid']}")
         print(json.dumps(seen), flush=True)
+    import forked_kernels
+    if forked_kernels._SERVER:          # it ends by itself once the build hangs up (not killed)
+        forked_kernels._SERVER[0].close()
+        print(json.dumps({"server_status": forked_kernels._SERVER[0].process.returncode}), flush=True)
 ''')
 
 
@@ -56,7 +60,8 @@ def _run_pages(**env: str) -> list[dict]:
 
 
 def test_each_page_gets_a_fresh_forked_kernel_in_its_folder_with_the_builds_environment():
-    first, second = _run_pages()
+    first, second, server = _run_pages()
+    assert server == {"server_status": 0}
     assert first["torch_before"] and second["torch_before"]          # forked: PyTorch already imported
     assert (first["cwd"], second["cwd"]) == (str(ROOT / "book"), str(ROOT / "book" / "ch01_embeddings"))
     assert (first["mark"], second["mark"]) == ("page 0", "page 1")

@@ -102,6 +102,7 @@ class KernelServer:
         return int(json.loads(line)["pid"])
 
     def close(self) -> None:
+        self.replies.close()        # the socket stays open while its file does
         self.control.close()
         try:
             self.process.wait(timeout=30)

@@ -74,3 +74,24 @@ def test_cold_kernels_when_asked():
     first, second = _run_pages(COURSE_COLD_KERNELS="1")
     assert not first["torch_before"] and not second["torch_before"]
     assert (first["mark"], second["mark"]) == ("page 0", "page 1")
+
+
+@pytest.mark.parametrize("pidfd", [True, False], ids=["pidfd", "no pidfd (Linux before 5.3)"])
+def test_the_holder_ends_with_its_kernel(pidfd):
+    sys.path.insert(0, str(ROOT / "book" / "_ext"))
+    import forked_kernels
+
+    holder = forked_kernels.HOLDER if pidfd else \
+        forked_kernels.HOLDER.replace("waited = os.pidfd_open(kernel)", "raise OSError(38, 'no pidfd_open')")
+    assert pidfd or holder != forked_kernels.HOLDER
+    kernel = subprocess.Popen(["sleep", "30"])
+    watching = subprocess.Popen([sys.executable, "-S", "-c", holder, str(kernel.pid)])
+    try:
+        with pytest.raises(subprocess.TimeoutExpired):
+            watching.wait(timeout=1)                 # the kernel still runs: so does its holder
+        kernel.kill()
+        kernel.wait()
+        assert watching.wait(timeout=10) == 0
+    finally:
+        kernel.kill()
+        watching.kill()

@@ -74,12 +74,19 @@ try:
     waited = os.pidfd_open(kernel)
 except ProcessLookupError:
     sys.exit(0)
+except OSError:                # Linux before 5.3: look every 0.2 s instead
+    waited = None
 while True:
     try:
-        if select.select([waited], [], [])[0]:
+        if waited is not None and select.select([waited], [], [])[0]:
             break
+        if waited is None:
+            os.kill(kernel, 0)          # the server reaps its kernels as they end
+            select.select([], [], [], 0.2)
     except InterruptedError:
         pass
+    except ProcessLookupError:
+        break
 """
 
 

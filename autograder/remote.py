@@ -445,9 +445,9 @@ def _tensor(entry: list, storages: list[torch.UntypedStorage]) -> torch.Tensor:
             or len(size) != len(stride) or len(size) > 64 or not all(type(n) is int and n >= 0 for n in counts)
             or type(requires_grad) is not bool or type(parameter) is not bool):
         raise ValueError
-    dtype = getattr(torch, dtype)
-    _bound_elements(math.prod(size), dtype.itemsize)
-    last = offset + sum((n - 1) * s for n, s in zip(size, stride)) if math.prod(size) else offset - 1
+    dtype, numel = getattr(torch, dtype), math.prod(size)
+    _bound_elements(numel, dtype.itemsize)
+    last = offset + sum((n - 1) * s for n, s in zip(size, stride)) if numel else offset - 1
     if (last + 1) * dtype.itemsize > storages[number].nbytes():
         raise ValueError
     try:
@@ -471,8 +471,10 @@ def _unpacked(value: Any, tensors: list[torch.Tensor]) -> Any:
         return tensors[inner]
     if tag == "f" and inner in ("nan", "inf", "-inf"):
         return float(inner)
-    if tag == "c" and type(inner) is list and all(type(_unpacked(v, tensors)) is float for v in inner):
-        return complex(*(_unpacked(v, tensors) for v in inner))
+    if tag == "c" and type(inner) is list:
+        parts = [_unpacked(v, tensors) for v in inner]
+        if all(type(v) is float for v in parts):
+            return complex(*parts)
     if tag == "b" and type(inner) is str:
         import base64
         return base64.b64decode(inner, validate=True)

@@ -160,6 +160,9 @@ def main() -> None:
     # the course runs here (its modules, and any data they read, are imported in the
     # sandbox by the kernel's warm-up, where the held-out files are replaced).
     import torch  # noqa: F401 - every notebook's set-up cell imports it
+    # The first backward pass given a gradient imports this (and SymPy with it): half a
+    # CPU-second in every kernel that trains anything, paid here once instead.
+    import torch.fx.experimental.symbolic_shapes  # noqa: F401
     from ipykernel import kernelapp  # noqa: F401
 
     if blas is None:                                           # the kernel's environment as given

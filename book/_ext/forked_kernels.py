@@ -32,6 +32,7 @@ import json, os, signal, socket, sys
 
 os.environ["MPLBACKEND"] = "module://matplotlib_inline.backend_inline"     # as ipykernel sets it
 import matplotlib, numpy, torch                                            # noqa: E401
+import torch.fx.experimental.symbolic_shapes      # a first backward pass imports it (and SymPy)
 import ipykernel.kernelapp
 
 control = socket.socket(fileno=int(sys.argv[1]))

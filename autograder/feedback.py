@@ -159,6 +159,7 @@ def _pre(text: str, kind: str) -> str:
     return f'<pre class="fb-{kind}">{escape(_capped(_ANSI.sub("", text)))}</pre>'
 
 
+@safe_html.remembered
 def highlight(code: str) -> str:
     """Python source as escaped, highlighted HTML (Pygments escapes every character)."""
     from pygments import highlight as pygmentize

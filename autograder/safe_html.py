@@ -12,7 +12,9 @@ HTML that got past this module could not run a script the page did not ship.
 
 from __future__ import annotations
 
+import functools
 import re
+from typing import Callable
 
 import bleach
 
@@ -59,6 +61,20 @@ def clean(fragment: str) -> str:
     return _CLEANER.clean(fragment)
 
 
+def remembered(render: Callable[[str], str]) -> Callable[[str], str]:
+    """``render`` keeping what it made of short texts: a grading worker renders the same released
+    cells (instructions, tests) on every page of an assignment. Long texts, which only a
+    submission makes, are rendered each time, so what is kept stays a few megabytes."""
+    kept = functools.lru_cache(maxsize=256)(render)
+
+    @functools.wraps(render)
+    def rendered(text: str) -> str:
+        return kept(text) if len(text) <= 4_000 else render(text)
+
+    return rendered
+
+
+@remembered
 def markdown(source: str) -> str:
     """A Markdown cell as safe HTML. Formulas stay as ``$...$`` text for MathJax."""
     from nbconvert.filters.markdown_mistune import markdown2html_mistune

@@ -26,6 +26,7 @@ import multiprocessing
 import os
 import shutil
 import signal
+import threading
 from collections.abc import Iterator
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
@@ -139,9 +140,19 @@ def start_pool(grader, workers: int, count: int) -> ProcessPoolExecutor:
     pool = ProcessPoolExecutor(max_workers=size, mp_context=context, initializer=_start_worker,
                                initargs=(type(grader), grader.solutions_dir, grader.out, grader.settings, numbers,
                                          threads_per_worker(workers), left))
-    for _ in range(size):       # a pool starts its processes for tasks: give it one each now
-        pool.submit(_ready)
+    # A pool starts a process for each task it is given: one each now, from a thread, as the
+    # first waits until the fork server has imported the grader (3 s in which this process
+    # runs the preflight and generates the course tree).
+    threading.Thread(target=_start_processes, args=(pool, size), daemon=True).start()
     return pool
+
+
+def _start_processes(pool: ProcessPoolExecutor, size: int) -> None:
+    try:
+        for _ in range(size):
+            pool.submit(_ready)
+    except RuntimeError:        # shut down before they started: the run stopped (a preflight failed)
+        pass
 
 
 def _ready() -> None:

@@ -27,13 +27,13 @@ from . import _core, ch03, ch04
 from ._core import CheckFailed, call, earlier_first, expect_tensor, one_thread as _one_thread
 from ._core import own_fault, unmeasured
 from ._vocabulary import (call_on_copies, check_pasted, compare, diagnose, draw, earlier_chapter, expect, fail, matches,
-                          pasted_first, when)
+                          passes, pasted_first, variants_of, when)
 
 # A float32 answer against a float64 oracle: the rounding of a few float32 matmuls and a softmax.
 _F32 = (1e-4, 1e-4)
 
 
-def _under_two_global_seeds(d, run) -> list:  # vocabulary?
+def _under_two_global_seeds(d, run) -> list:
     """``run()`` twice, the global RNG (here and in the kernel) seeded differently each time: an
     answer that draws from the generator it is given returns the same thing both times."""
     results = []
@@ -174,8 +174,8 @@ def _compare_processed(got: torch.Tensor, case: dict) -> None:
     def logp(x):                   # (B, V) log-probabilities among the tokens the answer kept, 0 elsewhere
         return torch.log_softmax(x.double().masked_fill(~keep, -math.inf), -1).masked_fill(~keep, 0)
 
-    def variants(view):
-        return [(lambda v=v: view(_process(logits, *args, variant=v)), text) for v, text in _SAMPLER_VARIANTS]
+    def variants(view):            # the variants as ``view`` shows them
+        return variants_of(lambda v: view(_process(logits, *args, variant=v)), _SAMPLER_VARIANTS)
 
     compare(kept(got), kept(want), f"{_label(case)} kept the wrong tokens (1: kept, 0: removed)", _ORDER, variants=[
         *variants(kept),
@@ -309,11 +309,11 @@ def _attention_tools(grouped_query_attention, scaled_dot_product_attention) -> d
             "grouped_query_attention": grouped_query_attention}
 
 
-def _attend_row(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allowed: torch.Tensor, tile: bool = False):
-    """q (n_heads, T_q, d), k and v (n_kv_heads, T, d), allowed (T_q, T): query head h reads kv head h // group
-    (``tile``: h % n_kv_heads, the bug); a query that sees no key gives zeros."""
-    group = q.shape[0] // k.shape[0]
-    rep = (lambda t: t.repeat(group, 1, 1)) if tile else (lambda t: t.repeat_interleave(group, dim=0))
+def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allowed: torch.Tensor, tile: bool = False):
+    """q (..., n_heads, T_q, d), k and v (..., n_kv_heads, T, d), allowed (T_q, T) or (B, 1, T_q, T): query head h
+    reads kv head h // group (``tile``: h % n_kv_heads, the bug); a query that sees no key gives zeros."""
+    group = q.shape[-3] // k.shape[-3]
+    rep = (lambda t: t.tile(group, 1, 1)) if tile else (lambda t: t.repeat_interleave(group, dim=-3))
     scores = (q.double() @ rep(k).transpose(-2, -1) / math.sqrt(q.shape[-1])).masked_fill(~allowed, float("-inf"))
     probs = torch.where(allowed.any(-1, keepdim=True), scores.softmax(-1).nan_to_num(0.0), 0.0)
     return probs @ rep(v)
@@ -337,7 +337,7 @@ def _window_attention64(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, windo
     pos = torch.arange(q.shape[2])
     q, k = _rope64(q.double(), pos, base), _rope64(k.double(), pos, base)
     allowed = (pos[None, :] <= pos[:, None]) & (pos[None, :] > pos[:, None] - window)
-    return torch.stack([_attend_row(q[b], k[b], v[b].double(), allowed) for b in range(len(q))])
+    return torch.stack([_attend(q[b], k[b], v[b].double(), allowed) for b in range(len(q))])
 
 
 _RING_BUGS = [   # (variant, hint): a cache with this bug gives the same outputs, or ring
@@ -399,7 +399,7 @@ class _Ring:
                    "strict": key < query}.get(bug, key <= query)
         allowed = allowed & (key > query - W - int(bug == "wide")) & ((keys >= 0) | (bug == "empty_slots"))
         allowed = ~allowed if bug == "inverted" else allowed
-        out = torch.stack([_attend_row(q[b], ring_k[b], ring_v[b], allowed) for b in range(len(q))])
+        out = torch.stack([_attend(q[b], ring_k[b], ring_v[b], allowed) for b in range(len(q))])
         if bug != "write_first":
             self._write(new, k.double() if bug == "keys_before_rope" else rotated, v)
         self.seen += T
@@ -539,15 +539,14 @@ def _check_ring_contents(cache, where: str, runs: dict, i: int, end: int, window
 # ----------------------------------------------------------------------------- exercise 4: batched generation
 
 
-def _causal(T: int, T_k: int, shift: int | None = None) -> torch.Tensor:
-    """(T, T_k) bool: query i sees key j <= i + shift; by default shift = T_k - T (aligned bottom-right)."""
-    return torch.arange(T_k)[None, :] <= torch.arange(T)[:, None] + (T_k - T if shift is None else shift)
+def _causal(T: int, T_k: int) -> torch.Tensor:
+    """(T, T_k) bool: query i sees key j <= i + T_k - T (aligned bottom-right)."""
+    return torch.arange(T_k)[None, :] <= torch.arange(T)[:, None] + (T_k - T)
 
 
-def _attend64(x, weights, n_heads, n_kv_heads, base, positions, allowed, past=None, tile=False):
-    """Reference GQA self-attention with RoPE, in float64, for new tokens x (B, T, d) at positions (T,) or
-    (B, T) after the cached (k, v) in ``past``; allowed (T, T_k) or (B, 1, T, T_k) says which keys each query
-    sees (one that sees none gives 0). ``tile``: the bug of repeat in place of repeat_interleave.
+def _attend64(x, weights, n_heads, n_kv_heads, base, positions, allowed, past=None):
+    """Reference GQA self-attention with RoPE, in float64, for new tokens x (B, T, d) at positions (B, T) after
+    the cached (k, v) in ``past``; allowed (B, 1, T, T_k) says which keys each query sees (:func:`_attend`).
     Returns out (B, T, d), k, v (B, n_kv_heads, T_k, d_head), k after RoPE."""
     wq, wk, wv, wo = (w.double() for w in weights)
     x = x.double()
@@ -558,11 +557,7 @@ def _attend64(x, weights, n_heads, n_kv_heads, base, positions, allowed, past=No
     v = (x @ wv.T).view(B, T, n_kv_heads, dh).transpose(1, 2)
     if past is not None:
         k, v = torch.cat((past[0].double(), k), 2), torch.cat((past[1].double(), v), 2)
-    group = n_heads // n_kv_heads
-    rep = (lambda t: t.repeat(1, group, 1, 1)) if tile else (lambda t: t.repeat_interleave(group, dim=1))
-    scores = (q @ rep(k).transpose(-2, -1) / math.sqrt(dh)).masked_fill(~allowed, float("-inf"))
-    probs = torch.where(allowed.any(-1, keepdim=True), scores.softmax(-1).nan_to_num(0.0), 0.0)
-    return (probs @ rep(v)).transpose(1, 2).reshape(B, T, d) @ wo.T, k, v
+    return _attend(q, k, v, allowed).transpose(1, 2).reshape(B, T, d) @ wo.T, k, v
 
 
 class TinyDecoder(nn.Module):
@@ -1006,12 +1001,11 @@ def check_int8_linear(Int8Linear, hidden: bool = False) -> None:
         label = f"Int8Linear(nn.Linear({d_in}, {d_out}, bias={bias}), group_size={gs})"
         module = call(Int8Linear, linear, gs, name="Int8Linear(...)")
         q, scale = _check_int8_storage(module, reference, gs, label)
+        w_hat = q.double() * scale.double().repeat_interleave(gs, dim=1)
         for shape in ((3, d_in), (2, 4, d_in)):
-            _check_int8_forward(module, reference, q.double() * scale.double().repeat_interleave(gs, dim=1),
-                                d.randn(*shape), gs, label)
+            _check_int8_forward(module, reference, w_hat, d.randn(*shape), gs, label)
         _check_int8_holdings(module, reference, gs, label)     # after forward: a copy made there counts too
-        _check_int8_own_tensors(module, linear, q.double() * scale.double().repeat_interleave(gs, dim=1),
-                                reference, d.randn(2, d_in), label)
+        _check_int8_own_tensors(module, linear, w_hat, reference, d.randn(2, d_in), label)
 
 
 def _check_int8_storage(module, reference: nn.Linear, gs: int, label: str) -> tuple[torch.Tensor, torch.Tensor]:
@@ -1185,20 +1179,19 @@ _PARAM_HINTS = [
 
 def _memory_oracle(c: dict, seq_len: int, batch: int, wdt: torch.dtype, kvdt: torch.dtype | None,
                    variant: str = "ok") -> int:
+    """The weights' bytes and the cache's (:func:`_kv_oracle`, whose slips ``variant`` may also name)."""
     size, kvsize = (torch.empty((), dtype=t).element_size() for t in (wdt, kvdt or wdt))
-    kvsize = {"kv_in_weight_dtype": size, "kv_two_bytes": 2}.get(variant, kvsize)
-    heads = c["n_heads"] if variant == "kv_n_heads" else c["n_kv_heads"]
-    per_token = (1 if variant == "kv_once" else 2) * c["n_layers"] * heads * (c["d_model"] // c["n_heads"]) * kvsize
-    return _params_oracle(c) * size + per_token * seq_len * (1 if variant == "no_batch" else batch)
+    kvsize = size if variant == "kv_in_weight_dtype" else kvsize
+    return _params_oracle(c) * size + _kv_oracle(c, seq_len, batch, kvsize, variant)
 
 
 _MEMORY_HINTS = [
-    ("kv_once", "the cache holds keys and values: two tensors per layer, so multiply the KV part by 2."),
-    ("kv_n_heads", "the cache stores n_kv_heads heads per layer, not n_heads: that is what grouped-query attention "
+    ("keys_only", "the cache holds keys and values: two tensors per layer, so multiply the KV part by 2."),
+    ("n_heads", "the cache stores n_kv_heads heads per layer, not n_heads: that is what grouped-query attention "
      "saves."),
     ("no_batch", "each sequence of the batch has its own cache: multiply the KV part by batch_size."),
     ("kv_in_weight_dtype", "the cache uses kv_dtype when it is given (weights and cache may differ)."),
-    ("kv_two_bytes", "the cache's bytes per number are those of kv_dtype (of the weights' dtype when it is None): "
+    ("two_bytes", "the cache's bytes per number are those of kv_dtype (of the weights' dtype when it is None): "
      "element_size(), not a fixed 2."),
 ]
 
@@ -1281,7 +1274,7 @@ def _check_kv_prediction(predicted_kv_cache_bytes, hidden: bool = False) -> None
                      "sizes you are given, not a number read off one measurement."),
                     (when(lambda v: any(v == old and w != want for old, w in seen)), "the same number came back for "
                      "another configuration: compute the bytes from the arguments, not a number read off one case."),
-                    *((lambda v=v: _kv_oracle(c, seq_len, batch, nbytes, v), text) for v, text in _KV_SLIPS),
+                    *variants_of(lambda v: _kv_oracle(c, seq_len, batch, nbytes, v), _KV_SLIPS),
                     (want / 2 ** 30, "give the answer in bytes, not GiB."), (want / 1e9, "give the answer in bytes, "
                                                                                  "not GB."),
                     (when(lambda v: abs(v - want) <= 0.01 * want), "close, but not exact: a count of bytes is an "
@@ -1291,11 +1284,7 @@ def _check_kv_prediction(predicted_kv_cache_bytes, hidden: bool = False) -> None
 
 def kv_prediction_passes(predicted_kv_cache_bytes) -> bool:
     """For the exercise's measurement, shown only once the prediction passes its visible test."""
-    try:
-        _check_kv_prediction(predicted_kv_cache_bytes)
-    except CheckFailed:
-        return False
-    return True
+    return passes(_check_kv_prediction, predicted_kv_cache_bytes)
 
 
 def check_counting_tool(count_params, hidden: bool = False) -> None:
@@ -1325,7 +1314,7 @@ def check_memory(count_config_params, inference_memory_bytes, predicted_kv_cache
                     f"count_config_params({name})", "per layer: q and o are d_model x d_model, k and v d_model x "
                     "(n_kv_heads * d_head), a gated MLP 3 x d_model x d_ff, two norms of d_model, and biases on q, k "
                     "and v when qkv_bias is True; plus the embedding, a final norm and the head (unless tied).",
-                    variants=[(lambda v=v: _params_oracle(c, v), text) for v, text in _PARAM_HINTS])
+                    variants=variants_of(lambda v: _params_oracle(c, v), _PARAM_HINTS))
     passed = []          # cases already right: a slip that would have failed one of them is not the cause
     for case in _memory_cases(d):
         c, seq_len, batch, wdt, kvdt = case
@@ -1896,7 +1885,7 @@ def _paged_reference(q, k_pool, v_pool, tables, lengths, order="table", layout="
         end = k.shape[1] if padded else int(lengths[b])
         position = torch.arange(T_q) if top_left else end - T_q + torch.arange(T_q) + shift     # of each query
         allowed = keys[None] <= position[:, None] if causal else (keys < end)[None].expand(T_q, -1)
-        out.append(_attend_row(q[b], k, v, allowed, tile))
+        out.append(_attend(q[b], k, v, allowed, tile))
     return torch.stack(out).to(q.dtype)
 
 
@@ -1977,11 +1966,11 @@ def check_paged_attention(paged_attention, grouped_query_attention=None, scaled_
                 got = call_on_copies(paged_attention, q, k_pool, v_pool, tables, lengths, name="paged_attention")
             expect_tensor(got, tuple(q.shape), label)
             expect(got.dtype == q.dtype, f"{label} returned {got.dtype}.", "keep the dtype of q.")
-            ref = lambda kw: lambda: _paged_reference(q, k_pool, v_pool, tables, lengths, **kw)  # noqa: E731
-            compare(got, ref({})(), label, "row b's keys are the first lengths[b] slots of its blocks, in table "
+            reference = functools.partial(_paged_reference, q, k_pool, v_pool, tables, lengths)
+            compare(got, reference(), label, "row b's keys are the first lengths[b] slots of its blocks, in table "
                     "order; query i is at position lengths[b] - T_q + i and sees keys 0 up to it.",
-                    variants=[(ref(kw(q.shape[2]) if callable(kw) else kw), hint) for kw, hint in _PAGED_VARIANTS],
-                    tol=_F32 if q.dtype == torch.float32 else None)
+                    variants=variants_of(lambda kw: reference(**(kw(q.shape[2]) if callable(kw) else kw)),
+                                         _PAGED_VARIANTS), tol=_F32 if q.dtype == torch.float32 else None)
 
 # ----------------------------------------------------------------------------- exercise 10: continuous batching
 # Oracles: each request run alone, greedy, by a one-layer model of our own over its whole sequence in float64 (no

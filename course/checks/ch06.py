@@ -2246,13 +2246,12 @@ def check_batch_step(batch_step, PagedKVCache, paged_attention=None, grouped_que
     step, what it returns, what its cache holds and what it fed the model, against a correct scheduler fed each
     request's tokens alone; a failure that exercise 9's cache or attention also has is blamed on it."""
     d = draw("batch_step", hidden)
-    tools = {"scaled_dot_product_attention": scaled_dot_product_attention,
-             "grouped_query_attention": grouped_query_attention}
     earlier = [("batch_step runs on your PagedKVCache (exercise 9), which fails its tests",
                 functools.partial(check_paged_kv_cache, PagedKVCache, hidden))]
     if paged_attention is not None:
         earlier.append(("batch_step calls your paged_attention (exercise 9), which fails its tests",
-                        functools.partial(check_paged_attention, paged_attention, *tools.values(), hidden=hidden)))
+                        functools.partial(check_paged_attention, paged_attention, grouped_query_attention,
+                                          scaled_dot_product_attention, hidden=hidden)))
     with earlier_first(*earlier):
         for case in _batching_cases(d):
             _run_batching(batch_step, PagedKVCache, case)

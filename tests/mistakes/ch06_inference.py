@@ -436,8 +436,8 @@ MISTAKES = [
     # Exercise 9's attention is wrong: the scheduler's tokens differ, and the hint sends the learner back there.
     Mistake("batching_after_paged_mask_strict", "ex9_answer", "mask = keys[None, None, :] <= queries[:, :, None]",
             "mask = keys[None, None, :] < queries[:, :, None]", ("ex10_visible",),
-            "batch_step calls your paged_attention (exercise 9), which fails its tests: fix that exercise first",
-            e2e=False),
+            "batch_step calls your paged_attention (exercise 9), which fails its tests: fix that exercise first. "
+            "Its test says: off by one: a query sees its own key", e2e=False),
     # ---------------------------------------------------------------- found by honest attempts
     Mistake("sampling_after_process_logits_in_place", "ex1_answer", "x = logits.clone()", "x = logits",
             ("ex2_visible",), "sample_next_token calls your process_logits, which fails exercise 1's tests"),

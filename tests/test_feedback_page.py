@@ -137,6 +137,17 @@ def test_markdown_keeps_hints_code_and_formulas_but_no_script():
     assert "&lt;script&gt;" in cleaned      # shown as text: the student sees what the cell held
 
 
+def test_a_worker_renders_a_released_cell_once_and_a_submissions_long_text_each_time():
+    rendered = []
+    render = safe_html.remembered(lambda text: rendered.append(text) or text.upper())
+    assert render("short") == render("short") == "SHORT" and rendered == ["short"]
+    long = "x" * 5_000
+    assert render(long) == render(long) and rendered == ["short", long, long]
+    # the page's own renderers remember: the same object comes back
+    assert feedback.highlight("x = 1") is feedback.highlight("x = 1")
+    assert safe_html.markdown("Use `zip`.") is safe_html.markdown("Use `zip`.")
+
+
 def test_the_page_has_only_its_own_scripts_and_a_policy(page):
     text = page.read_text(encoding="utf-8")
     assert live_markup(text) == []

@@ -42,6 +42,7 @@ print(json.dumps({
     "processes": sorted(int(e) for e in os.listdir("/proc") if e.isdigit()), "pid": os.getpid(),
     "limits": limits, "network": network, "tmp": sorted(os.listdir("/tmp")), "home": sorted(os.listdir(os.environ["HOME"])),
     "left_by_another": globals().get("LEFT", None), "dumpable_proc": os.stat("/proc/self/status").st_uid,
+    "symbolic_shapes": "torch.fx.experimental.symbolic_shapes" in sys.modules,
 }))
 LEFT = "a value of this kernel"
 open("/tmp/left-behind", "w").write("x")
@@ -86,6 +87,8 @@ def test_a_forked_kernel_is_what_a_cold_kernel_is(tmp_path, monkeypatch):
     nproc = forked["limits"].pop("RLIMIT_NPROC")
     assert nproc[0] == cold["limits"].pop("RLIMIT_NPROC")[0] + 1    # the holder counts under its id
     assert forked["limits"] == cold["limits"]
+    # what a first backward pass imports (SymPy with it) came with the fork, not paid per kernel
+    assert forked["symbolic_shapes"] and not cold["symbolic_shapes"]
 
 
 def test_nothing_passes_from_one_forked_kernel_to_the_next(tmp_path, monkeypatch):

@@ -57,7 +57,7 @@ import nbformat
 from nbgrader.api import Gradebook, MissingEntry
 from tqdm.auto import tqdm
 
-from . import contract, preflight, remote
+from . import contract, preflight
 from .coursetree import CourseTree
 from .feedback import NOTES_MARK, install_assets, notes_html, render_plain
 from .preflight import GraderBroken, SetupFailed  # noqa: F401 - GraderBroken: part of the API
@@ -505,7 +505,9 @@ class Grader:
 
         self.tree.api.config.CourseExecute.warm_kernels = self.tree.warm_kernels and (
             self.follows or len(gradable) > 1)
-        with remote.doubt_kernel_rules(doubts):
+        from .remote import doubt_kernel_rules     # PyTorch: a worker has it, the main process need not
+
+        with doubt_kernel_rules(doubts):
             result = self.tree.api.autograde(assignment, sid, force=True, create=True)
         if not result.get("success"):
             row.status = "broken"

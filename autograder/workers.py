@@ -127,11 +127,11 @@ def start_pool(grader, workers: int, count: int) -> ProcessPoolExecutor:
     """Workers for ``count`` submissions (at most ``workers``), started now: they import and
     set up while the main process generates the course tree."""
     context = multiprocessing.get_context("forkserver")
-    # The server imports PyTorch, nbgrader and the grader once; each worker is a fork of it,
-    # not a fresh interpreter that imports them again, and it ends without tearing the
-    # interpreter down (~2.7 + 0.8 s of CPU a worker: benchmarks/process_costs.py). No-op
-    # once the server runs.
-    context.set_forkserver_preload(["autograder.grade"])
+    # The server imports PyTorch (with the judge), nbgrader and the grader once; each worker
+    # is a fork of it, not a fresh interpreter that imports them again, and it ends without
+    # tearing the interpreter down (~2.7 + 0.8 s of CPU a worker: benchmarks/process_costs.py).
+    # No-op once the server runs. The main process, which judges nothing, imports no PyTorch.
+    context.set_forkserver_preload(["autograder.grade", "autograder.remote"])
     numbers = context.Queue()
     for number in range(workers):
         numbers.put(number)

@@ -37,11 +37,13 @@ if default:
     event.remove(Engine, "connect", coursetree._gradebook_journal)
 commits = []
 event.listen(Engine, "commit", lambda _connection: commits.append(1))
-tree = coursetree.CourseTree(Path(tempfile.mkdtemp(dir=root)), root / "solutions", GradingSettings(profile="smoke"))
-wall, cpu = time.perf_counter(), time.process_time()
-for assignment in assignments:
-    tree.generate(assignment)
-print(json.dumps({"wall": time.perf_counter() - wall, "cpu": time.process_time() - cpu, "commits": len(commits)}))
+with tempfile.TemporaryDirectory(prefix="gradebook-journal-") as folder:
+    tree = coursetree.CourseTree(Path(folder), root / "solutions", GradingSettings(profile="smoke"))
+    wall, cpu = time.perf_counter(), time.process_time()
+    for assignment in assignments:
+        tree.generate(assignment)
+    wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+print(json.dumps({"wall": wall, "cpu": cpu, "commits": len(commits)}))
 """
 
 

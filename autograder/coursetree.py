@@ -58,8 +58,11 @@ def _gradebook_journal(connection, _record) -> None:
     import sqlite3
 
     if isinstance(connection, sqlite3.Connection):
-        connection.execute("PRAGMA journal_mode=WAL")
-        connection.execute("PRAGMA synchronous=NORMAL")
+        try:
+            connection.execute("PRAGMA journal_mode=WAL")
+            connection.execute("PRAGMA synchronous=NORMAL")
+        except sqlite3.OperationalError:        # a gradebook opened read-only is read as it is
+            pass
 
 
 def _journal_every_gradebook() -> None:

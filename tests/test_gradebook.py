@@ -16,3 +16,14 @@ def test_every_gradebook_connection_writes_ahead_and_syncs_the_disk_at_checkpoin
     assert (journal, sync) == ("wal", 1)           # 1: NORMAL, sync at checkpoints (2, FULL: at each commit)
     with Gradebook(f"sqlite:///{tmp_path / 'gradebook.db'}") as gb:     # a second process reads what was kept
         assert [s.id for s in gb.students] == ["s1"]
+
+
+def test_a_gradebook_opened_read_only_is_read_as_it_is(tmp_path):
+    import sqlite3
+
+    with Gradebook(f"sqlite:///{tmp_path / 'gradebook.db'}") as gb:
+        gb.add_student("s1")
+    with sqlite3.connect(tmp_path / "gradebook.db") as db:     # as nbgrader alone leaves it
+        db.execute("PRAGMA journal_mode=DELETE")
+    with Gradebook(f"sqlite:///file:{tmp_path / 'gradebook.db'}?mode=ro&uri=true") as gb:
+        assert [s.id for s in gb.students] == ["s1"]

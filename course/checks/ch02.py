@@ -860,11 +860,8 @@ REACH_SLOPE, REACH_THRESHOLD = 1 / 8, 0.01     # the case the notebook measures
 
 
 def reach_answer(slope: float, threshold: float) -> int:
-    """The first whole distance d with e^(-slope d) < threshold: d > ln(1/threshold) / slope (37 for 1/8, 1%)."""
+    """The first whole distance d with e^(-slope d) < threshold: d > ln(1/threshold) / slope."""
     return math.floor(math.log(1 / threshold) / slope) + 1
-
-
-REACH_ANSWER = reach_answer(REACH_SLOPE, REACH_THRESHOLD)       # 37: e^(-d/8) < 1/100 from d = 36.84
 
 
 def _reach_oracle(slopes: torch.Tensor, threshold: float, n_keys: int, ratio: bool = True, shift: int = 0,

@@ -64,7 +64,7 @@ def clean(fragment: str) -> str:
 def remembered(render: Callable[[str], str]) -> Callable[[str], str]:
     """``render`` keeping what it made of short texts: a grading worker renders the same released
     cells (instructions, tests) on every page of an assignment. Long texts, which only a
-    submission makes, are rendered each time, so what is kept stays a few megabytes."""
+    submission makes, are rendered each time, so what is kept stays near ten megabytes."""
     kept = functools.lru_cache(maxsize=256)(render)
 
     @functools.wraps(render)

@@ -19,6 +19,8 @@ from nbgrader.coursedir import CourseDirectory
 from nbgrader.preprocessors import (AssignLatePenalties, CheckCellMetadata, GetGrades,
                                     IgnorePattern, LimitOutput, SaveAutoGrades)
 from nbconvert.preprocessors import ClearMetadataPreprocessor
+from sqlalchemy import event
+from sqlalchemy.engine import Engine
 from traitlets.config import Config
 
 from . import contract, scratch
@@ -66,15 +68,7 @@ def _gradebook_journal(connection, _record) -> None:
             pass
 
 
-def _journal_every_gradebook() -> None:
-    from sqlalchemy import event
-    from sqlalchemy.engine import Engine
-
-    if not event.contains(Engine, "connect", _gradebook_journal):
-        event.listen(Engine, "connect", _gradebook_journal)
-
-
-_journal_every_gradebook()
+event.listen(Engine, "connect", _gradebook_journal)
 
 STUB = "# YOUR CODE HERE\nraise NotImplementedError()"
 SECRET_FILE = "grading-secret"     # in the course tree; never in a sandbox

@@ -446,13 +446,14 @@ class CourseExecute(Execute):
         from .probelink import ProbeLink
         from .remote import CellTimedOut, Channel, KernelLost, run_judged
 
-        if self.km is not None and not self.death_reason and not self._kernel_alive():
+        alive = self.km is not None and self._kernel_alive()
+        if self.km is not None and not alive and not self.death_reason:
             # It ended after the cell before had answered (a shutdown or exit that the
             # kernel finished after its reply): a death, whichever side of the reply it fell.
             grade_id = contract.grade_id(cell) or "a test cell"
             self.death_reason = f"the kernel died before {grade_id}, after the cell before it had answered"
             return [error_output(KERNEL_DIED, self.death_reason)]
-        if self.km is None or not self._kernel_alive():
+        if not alive:
             self.death_reason = self.death_reason or "the kernel is not running"
             return [error_output(NOT_RUN, f"not run: {self.death_reason}")]
         io_dir = self._sandbox.io_dir if self._sandbox is not None else Path(resources["metadata"]["path"])
